@@ -1,0 +1,257 @@
+#include "comm/mpi_communicator.hpp"
+
+#include <climits>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "runtime/mpi_check.hpp"
+#include "runtime/mpi_wait.hpp"
+
+namespace dst::comm {
+
+namespace detail {
+
+MPI_Datatype mpi_datatype(DType type, bool for_reduction, const std::string& what) {
+  switch (type) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+    case DType::u32:
+      return MPI_UINT32_T;
+    case DType::u64:
+      return MPI_UINT64_T;
+    case DType::bf16:
+    case DType::f16:
+      // MPI has no 16-bit float arithmetic; moving them as opaque 16-bit words is exact.
+      if (for_reduction)
+        throw Error(what + ": MPI cannot reduce " + std::string(dtype_name(type)) +
+                    " (no 16-bit float arithmetic); reduce in f32 instead");
+      return MPI_UINT16_T;
+  }
+  throw Error(what + ": unknown element type");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+  }
+  throw Error("comm: unknown reduction");
+}
+
+namespace {
+
+enum class OpKind { allreduce, reduce_scatter, allgather, broadcast, barrier };
+
+/// What a collective is, kept so that its description is only built when a message needs
+/// it (a timeout, an error): the common path formats nothing and allocates only the
+/// request itself (the group name fits std::string's small buffer).
+struct OpInfo {
+  OpKind kind = OpKind::barrier;
+  ReduceOp op = ReduceOp::sum;
+  std::size_t count = 0;  ///< elements per rank in the operation's own terms (see describe)
+  DType type = DType::u8;
+  int root = 0;
+};
+
+std::string describe_op(const OpInfo& info, const std::string& group, int group_size) {
+  std::ostringstream os;
+  const auto elements = [&](std::size_t n) {
+    os << n << " x " << dtype_name(info.type) << " (" << n * dtype_size(info.type) << " B)";
+  };
+  os << "comm: ";
+  switch (info.kind) {
+    case OpKind::allreduce:
+      os << "allreduce(" << reduce_op_name(info.op) << ") of ";
+      elements(info.count);
+      break;
+    case OpKind::reduce_scatter:
+      os << "reduce_scatter(" << reduce_op_name(info.op) << ") of ";
+      elements(info.count * static_cast<std::size_t>(group_size));
+      os << ", " << info.count << " per rank,";
+      break;
+    case OpKind::allgather:
+      os << "allgather of ";
+      elements(info.count);
+      os << " per rank";
+      break;
+    case OpKind::broadcast:
+      os << "broadcast from rank " << info.root << " of ";
+      elements(info.count);
+      break;
+    case OpKind::barrier:
+      os << "barrier";
+      break;
+  }
+  os << " on group '" << group << "' (" << group_size << (group_size == 1 ? " rank)" : " ranks)");
+  return os.str();
+}
+
+class MpiRequest final : public Request::Impl {
+ public:
+  MpiRequest(const OpInfo& info, const std::string& group, int group_size, double timeout_s)
+      : info_(info), group_(group), group_size_(group_size), timeout_s_(timeout_s) {}
+
+  MPI_Request* handle() { return &request_; }
+
+  bool test() override { return runtime::test_request(request_); }
+  void wait() override { wait_for(timeout_s_); }
+  void wait_for(double timeout_s) override {
+    runtime::wait_with_deadline(request_, timeout_s, [this] { return describe(); });
+  }
+  std::string describe() const override { return describe_op(info_, group_, group_size_); }
+
+ private:
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  OpInfo info_;
+  std::string group_;
+  int group_size_;
+  double timeout_s_;
+};
+
+int mpi_count(std::size_t count, const MpiRequest& request) {
+  // MPI-3 counts are int; larger buffers would need derived datatypes, not needed yet
+  // (2^31 f32 elements = 8 GiB in one collective).
+  if (count > static_cast<std::size_t>(INT_MAX))
+    throw Error(request.describe() + ": count exceeds MPI's int limit (" + std::to_string(INT_MAX) +
+                ")");
+  return static_cast<int>(count);
+}
+
+/// Runs `start` (which issues the MPI call into request's handle) and returns the request;
+/// a failure to start is rethrown naming the collective.
+template <class Start>
+Request start_request(std::unique_ptr<MpiRequest> request, Start&& start) {
+  try {
+    start(*request);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    // mpi_datatype()/mpi_count() already lead with the description.
+    if (what.rfind("comm: ", 0) == 0) throw;
+    throw Error(request->describe() + ": failed to start: " + what);
+  }
+  return Request(std::move(request));
+}
+
+}  // namespace
+}  // namespace detail
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "?";
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent, std::string name, double timeout_s)
+    : name_(std::move(name)), timeout_s_(timeout_s) {
+  if (parent == MPI_COMM_NULL)
+    throw Error("comm: creating communicator '" + name_ + "' from MPI_COMM_NULL");
+  DST_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  try {
+    DST_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    DST_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    DST_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  } catch (...) {
+    MPI_Comm_free(&comm_);
+    throw;
+  }
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (comm_ == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // MPI already released everything; freeing now is erroneous
+  try {
+    DST_MPI_CHECK(MPI_Comm_free(&comm_));
+  } catch (const std::exception& e) {
+    log::error("comm: freeing communicator '" + name_ + "': " + e.what());
+  }
+}
+
+Request MpiCommunicator::iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) {
+  detail::OpInfo info{detail::OpKind::allreduce, op, count, type, 0};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, true, r.describe());
+    DST_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, detail::mpi_count(count, r), dt,
+                                 detail::mpi_op(op), comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                         DType type, ReduceOp op) {
+  detail::OpInfo info{detail::OpKind::reduce_scatter, op, recv_count, type, 0};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, true, r.describe());
+    // In place, MPI reads all size()*recv_count inputs from recv and leaves rank r's
+    // block at its start.
+    const void* in = send == recv ? MPI_IN_PLACE : send;
+    DST_MPI_CHECK(MPI_Ireduce_scatter_block(in, recv, detail::mpi_count(recv_count, r), dt,
+                                            detail::mpi_op(op), comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::iallgather(const void* send, void* recv, std::size_t send_count,
+                                    DType type) {
+  detail::OpInfo info{detail::OpKind::allgather, ReduceOp::sum, send_count, type, 0};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    const int n = detail::mpi_count(send_count, r);
+    DST_MPI_CHECK(MPI_Iallgather(send, n, dt, recv, n, dt, comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::ibroadcast(void* buf, std::size_t count, DType type, int root) {
+  detail::OpInfo info{detail::OpKind::broadcast, ReduceOp::sum, count, type, root};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    if (root < 0 || root >= size_)
+      throw Error(r.describe() + ": root " + std::to_string(root) + " is not a rank of the group");
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    DST_MPI_CHECK(MPI_Ibcast(buf, detail::mpi_count(count, r), dt, root, comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::ibarrier() {
+  detail::OpInfo info{detail::OpKind::barrier, ReduceOp::sum, 0, DType::u8, 0};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    DST_MPI_CHECK(MPI_Ibarrier(comm_, r.handle()));
+  });
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string name,
+                                                    double timeout_s) {
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), timeout_s);
+}
+
+MPI_Comm mpi_comm_of(const Communicator& comm) {
+  if (const auto* mpi = dynamic_cast<const MpiCommunicator*>(&comm)) return mpi->mpi_comm();
+  throw Error("comm: group '" + comm.name() +
+              "' is not an MPI communicator (no MPI_Comm under it)");
+}
+
+}  // namespace dst::comm

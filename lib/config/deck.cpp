@@ -1,0 +1,845 @@
+#include "config/deck.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <set>
+#include <type_traits>
+#include <utility>
+
+#include "config/scalar.hpp"
+#include "config/schema.hpp"
+#include "config/yaml_tree.hpp"
+#include "core/error.hpp"
+
+namespace dst::config {
+
+namespace detail {
+namespace {
+
+/// Where each explicitly given key came from ("deck.yaml:3:5" or "--set ..."); keys
+/// absent here took their default (or preset) value.
+using GivenKeys = std::map<std::string, std::string>;
+
+std::string join(const std::vector<const char*>& items, const char* sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading one value from a node (types only; ranges are checked on the config)
+// ---------------------------------------------------------------------------------------
+
+[[noreturn]] void fail(const std::string& key, const YamlNode& node, const std::string& message) {
+  throw DeckError(key, node.where, message);
+}
+
+std::string got(const YamlNode& node) {
+  if (node.kind == YamlNode::Kind::Scalar && !node.plain)
+    return "the quoted string " + describe(node);
+  return describe(node);
+}
+
+std::int64_t read_int(const YamlNode& node, const std::string& key, bool allow_auto) {
+  const char* expected =
+      allow_auto ? "expected an integer or auto, got " : "expected an integer, got ";
+  if (node.kind != YamlNode::Kind::Scalar || !node.plain) fail(key, node, expected + got(node));
+  if (allow_auto && node.value == "auto") return 0;
+  if (core_int_syntax(node.value)) {
+    if (const std::optional<std::int64_t> v = parse_core_int(node.value)) return *v;
+    fail(key, node, "integer " + describe(node) + " is out of range");
+  }
+  if (core_float_syntax(node.value))
+    fail(key, node, expected + node.value + " (a number with a fraction or exponent)");
+  fail(key, node, expected + got(node));
+}
+
+double read_number(const YamlNode& node, const std::string& key) {
+  if (node.kind != YamlNode::Kind::Scalar || !node.plain)
+    fail(key, node, "expected a number, got " + got(node));
+  const std::optional<CoreNumber> v = parse_core_number(node.value);
+  if (!v) fail(key, node, "expected a number, got " + got(node));
+  if (v->out_of_range) fail(key, node, "number " + describe(node) + " is out of range");
+  if (!v->finite) fail(key, node, "must be a finite number, got " + node.value);
+  return v->value;
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec& spec, std::int64_t& out) {
+  out = read_int(node, key, spec.auto_zero);
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec&, std::uint64_t& out) {
+  if (node.kind != YamlNode::Kind::Scalar || !node.plain || !core_int_syntax(node.value)) {
+    read_int(node, key, false);  // throws the typed message
+    fail(key, node, "expected an integer, got " + got(node));
+  }
+  if (const std::optional<std::uint64_t> v = parse_core_uint(node.value)) {
+    out = *v;
+    return;
+  }
+  if (node.value[0] == '-') fail(key, node, "must be >= 0, got " + node.value);
+  fail(key, node, "integer " + describe(node) + " is out of range");
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec&, double& out) {
+  out = read_number(node, key);
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec&, bool& out) {
+  if (node.kind == YamlNode::Kind::Scalar && node.plain) {
+    if (const std::optional<bool> v = parse_core_bool(node.value)) {
+      out = *v;
+      return;
+    }
+  }
+  fail(key, node, "expected a boolean (true or false), got " + got(node));
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec& spec, std::string& out) {
+  if (node.kind == YamlNode::Kind::Scalar) {
+    out = node.value;
+    return;
+  }
+  if (node.kind == YamlNode::Kind::Null && spec.allow_empty) {
+    out.clear();
+    return;
+  }
+  if (!spec.choices.empty())
+    fail(key, node, "expected one of " + join(spec.choices, ", ") + ", got " + got(node));
+  fail(key, node, "expected a string, got " + got(node));
+}
+
+std::vector<double> read_numbers(const YamlNode& node, const std::string& key,
+                                 std::optional<std::size_t> length) {
+  const std::string expected = length ? "expected a list of " + std::to_string(*length) + " numbers"
+                                      : "expected a list of numbers";
+  if (node.kind != YamlNode::Kind::Sequence) fail(key, node, expected + ", got " + got(node));
+  if (length && node.children.size() != *length)
+    fail(key, node, expected + ", got " + std::to_string(node.children.size()) + " of them");
+  std::vector<double> out;
+  for (std::size_t i = 0; i < node.children.size(); ++i)
+    out.push_back(read_number(node.children[i], key + "[" + std::to_string(i) + "]"));
+  return out;
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec&,
+                std::array<double, 2>& out) {
+  const std::vector<double> v = read_numbers(node, key, 2);
+  out = {v[0], v[1]};
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec&,
+                std::vector<double>& out) {
+  out = read_numbers(node, key, std::nullopt);
+}
+
+// The node at a dotted path; nullptr when absent or under a null section. Sections are
+// known to be mappings or null (check_keys ran first).
+const YamlNode* lookup(const YamlNode& root, std::string_view path) {
+  const YamlNode* node = &root;
+  while (node != nullptr) {
+    const std::size_t dot = path.find('.');
+    if (node->kind != YamlNode::Kind::Map) return nullptr;
+    node = node->find(path.substr(0, dot));
+    if (dot == std::string_view::npos) return node;
+    path.remove_prefix(dot + 1);
+  }
+  return nullptr;
+}
+
+/// Reads every given key into the config.
+class ReadVisitor {
+ public:
+  ReadVisitor(const YamlNode& root, GivenKeys& given) : root_(root), given_(given) {}
+  void section(const char*, const char*) {}
+  template <class T>
+  void field(const char* path, const Spec& spec, T& out) {
+    const YamlNode* node = lookup(root_, path);
+    if (node == nullptr) return;
+    read_value(*node, path, spec, out);
+    given_[path] = node->where;
+  }
+
+ private:
+  const YamlNode& root_;
+  GivenKeys& given_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Range checks on the typed config
+// ---------------------------------------------------------------------------------------
+
+std::string range_text(const Spec& spec) {
+  if (spec.min && spec.max)
+    return std::string("in ") + (spec.min_open ? "(" : "[") + format_number(*spec.min) + ", " +
+           format_number(*spec.max) + (spec.max_open ? ")" : "]");
+  if (spec.min) return (spec.min_open ? "> " : ">= ") + format_number(*spec.min);
+  if (spec.max) return (spec.max_open ? "< " : "<= ") + format_number(*spec.max);
+  return "";
+}
+
+bool in_range(double v, const Spec& spec) {
+  // Checked first: comparisons with NaN raise FE_INVALID, which the tests trap.
+  if (!std::isfinite(v)) return false;
+  if (spec.min && (spec.min_open ? !(v > *spec.min) : !(v >= *spec.min))) return false;
+  if (spec.max && (spec.max_open ? !(v < *spec.max) : !(v <= *spec.max))) return false;
+  return true;
+}
+
+/// Checks every field against its Spec. Messages point at the key's location when it was
+/// given, else at `fallback` (defaults and presets are valid, so that is rare).
+class RangeVisitor {
+ public:
+  RangeVisitor(const GivenKeys& given, std::string fallback)
+      : given_(given), fallback_(std::move(fallback)) {}
+  void section(const char*, const char*) {}
+
+  void field(const char* path, const Spec& spec, const std::int64_t& v) {
+    if (spec.auto_zero && v == 0) return;
+    if (!in_range(static_cast<double>(v), spec))
+      fail(path, "must be " + range_text(spec) + (spec.auto_zero ? " or auto" : "") + ", got " +
+                     std::to_string(v));
+  }
+  void field(const char* path, const Spec& spec, const std::uint64_t& v) {
+    if ((spec.min || spec.max) && !in_range(static_cast<double>(v), spec))
+      fail(path, "must be " + range_text(spec) + ", got " + std::to_string(v));
+  }
+  void field(const char* path, const Spec& spec, const double& v) {
+    if (!std::isfinite(v)) fail(path, "must be a finite number");
+    if (!in_range(v, spec)) fail(path, "must be " + range_text(spec) + ", got " + format_number(v));
+  }
+  void field(const char*, const Spec&, const bool&) {}
+  void field(const char* path, const Spec& spec, const std::string& v) {
+    if (!spec.choices.empty()) {
+      if (std::find(spec.choices.begin(), spec.choices.end(), v) == spec.choices.end())
+        fail(path, "expected one of " + join(spec.choices, ", ") + ", got '" + v + "'");
+      return;
+    }
+    if (v.empty() && !spec.allow_empty) fail(path, "must not be empty");
+  }
+  void field(const char* path, const Spec& spec, const std::array<double, 2>& v) {
+    list(path, spec, v.data(), v.size());
+  }
+  void field(const char* path, const Spec& spec, const std::vector<double>& v) {
+    list(path, spec, v.data(), v.size());
+  }
+
+ private:
+  void list(const char* path, const Spec& spec, const double* v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string key = std::string(path) + "[" + std::to_string(i) + "]";
+      if (!std::isfinite(v[i])) fail(path, key + " must be a finite number");
+      if (!in_range(v[i], spec))
+        fail(path, key + " must be " + range_text(spec) + ", got " + format_number(v[i]));
+      if (spec.increasing && i > 0 && !(v[i] > v[i - 1]))
+        fail(path, "must be strictly increasing, got " + format_number(v[i - 1]) + " then " +
+                       format_number(v[i]));
+    }
+  }
+
+  [[noreturn]] void fail(const char* path, const std::string& message) const {
+    const auto it = given_.find(path);
+    throw DeckError(path, it != given_.end() ? it->second : fallback_, message);
+  }
+
+  const GivenKeys& given_;
+  std::string fallback_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Combinations
+// ---------------------------------------------------------------------------------------
+
+/// Throws for a combination of keys; the location is that of the first key of `keys`
+/// that was given explicitly (the one the user most likely has to change).
+[[noreturn]] void fail_combination(const GivenKeys& given, const std::string& fallback,
+                                   std::initializer_list<const char*> keys,
+                                   const std::string& message) {
+  for (const char* k : keys) {
+    const auto it = given.find(k);
+    if (it != given.end()) throw DeckError(k, it->second, message);
+  }
+  throw DeckError(*keys.begin(), fallback, message);
+}
+
+void check_combinations(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
+  const auto s = [](auto v) { return std::to_string(v); };
+  const ModelSection& m = c.model;
+  if (m.d_model % m.n_heads != 0)
+    fail_combination(given, fallback, {"model.d_model", "model.n_heads"},
+                     "model.d_model (" + s(m.d_model) + ") is not divisible by model.n_heads (" +
+                         s(m.n_heads) + ")");
+  if ((m.d_model / m.n_heads) % 2 != 0)
+    fail_combination(given, fallback, {"model.d_model", "model.n_heads"},
+                     "the head dimension model.d_model / model.n_heads = " + s(m.d_model) + " / " +
+                         s(m.n_heads) + " = " + s(m.d_model / m.n_heads) +
+                         " is odd; RoPE rotates pairs and needs an even head dimension");
+  if (m.n_heads % m.n_kv_heads != 0)
+    fail_combination(given, fallback, {"model.n_kv_heads", "model.n_heads"},
+                     "model.n_heads (" + s(m.n_heads) + ") is not divisible by model.n_kv_heads (" +
+                         s(m.n_kv_heads) + ")");
+  if (c.data.seq_len > m.max_seq_len)
+    fail_combination(given, fallback, {"data.seq_len", "model.max_seq_len"},
+                     "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
+                         s(m.max_seq_len) + ")");
+
+  const TrainingSection& t = c.training;
+  if (t.global_batch_size > 0 && t.grad_accum_steps > 0)
+    fail_combination(given, fallback, {"training.grad_accum_steps", "training.global_batch_size"},
+                     "training.global_batch_size (" + s(t.global_batch_size) +
+                         ") and training.grad_accum_steps (" + s(t.grad_accum_steps) +
+                         ") are both set; give one (set training.global_batch_size to 0 to use "
+                         "grad_accum_steps)");
+  if (t.global_batch_size == 0 && t.grad_accum_steps == 0)
+    fail_combination(given, fallback, {"training.global_batch_size", "training.grad_accum_steps"},
+                     "training.global_batch_size is 0 (derived) but training.grad_accum_steps is "
+                     "not set; give one of them");
+  if (t.global_batch_size > 0 && t.global_batch_size % t.micro_batch_size != 0)
+    fail_combination(given, fallback, {"training.global_batch_size", "training.micro_batch_size"},
+                     "training.global_batch_size (" + s(t.global_batch_size) +
+                         ") is not a multiple of training.micro_batch_size (" +
+                         s(t.micro_batch_size) + ")");
+  if (t.schedule.milestones.size() != t.schedule.factors.size())
+    fail_combination(given, fallback, {"training.schedule.milestones", "training.schedule.factors"},
+                     "training.schedule.milestones has " + s(t.schedule.milestones.size()) +
+                         " entries but training.schedule.factors has " +
+                         s(t.schedule.factors.size()) + "; they must pair up");
+}
+
+void validate_impl(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
+  RangeVisitor ranges(given, fallback);
+  visit_schema(ranges, c);
+  check_combinations(c, given, fallback);
+}
+
+// ---------------------------------------------------------------------------------------
+// Keys, suggestions, overrides
+// ---------------------------------------------------------------------------------------
+
+struct KnownKeys {
+  std::set<std::string> fields;
+  std::set<std::string> sections;
+  void section(const char* path, const char*) { sections.insert(path); }
+  template <class T>
+  void field(const char* path, const Spec&, const T&) {
+    fields.insert(path);
+  }
+};
+
+const KnownKeys& known_keys() {
+  static const KnownKeys keys = [] {
+    KnownKeys k;
+    const RunConfig c;
+    visit_schema(k, c);
+    return k;
+  }();
+  return keys;
+}
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions, the most
+// common typo: "max_stpes").
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i)
+    d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j)
+    d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::string leaf_of(std::string_view path) {
+  const std::size_t dot = path.rfind('.');
+  return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
+}
+
+/// The closest known key, if one is close enough to be a plausible typo, or the key of
+/// the same name in another section ("training.lr" -> "training.optimizer.lr").
+std::optional<std::string> suggest(const std::string& path) {
+  // Unknown paths are compared whole, so a typo in the section name is found too. A third
+  // of the last component's length (1..3 edits) keeps "lt" -> "lr" and rejects "foo" ->
+  // "eps".
+  const std::string leaf = leaf_of(path);
+  const std::size_t limit = std::clamp<std::size_t>(leaf.size() / 3, 1, 3);
+  const KnownKeys& known = known_keys();
+  std::optional<std::string> best;
+  std::size_t best_distance = limit + 1;
+  std::optional<std::string> same_leaf;
+  for (const std::set<std::string>* set : {&known.fields, &known.sections}) {
+    for (const std::string& candidate : *set) {
+      if (candidate == path) continue;
+      const std::size_t dist = edit_distance(path, candidate);
+      if (dist < best_distance) {
+        best_distance = dist;
+        best = candidate;
+      }
+      if (!same_leaf && leaf_of(candidate) == leaf) same_leaf = candidate;
+    }
+  }
+  return best ? best : same_leaf;
+}
+
+[[noreturn]] void unknown_key(const std::string& path, const std::string& where) {
+  std::string message = "unknown key";
+  if (const std::optional<std::string> s = suggest(path))
+    message += " (did you mean '" + *s + "'?)";
+  throw DeckError(path, where, message);
+}
+
+/// Every key must be known and every section a mapping (or empty).
+void check_keys(const YamlNode& map, const std::string& prefix) {
+  const KnownKeys& known = known_keys();
+  for (std::size_t i = 0; i < map.keys.size(); ++i) {
+    const std::string& key = map.keys[i];
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (key.find('.') != std::string::npos)
+      throw DeckError(path, map.key_wheres[i],
+                      "unknown key (dotted keys are not expanded in a deck; nest them as "
+                      "mappings, or use --set " +
+                          path + "=...)");
+    if (known.fields.count(path) != 0) continue;
+    if (known.sections.count(path) == 0) unknown_key(path, map.key_wheres[i]);
+    const YamlNode& child = map.children[i];
+    if (child.kind == YamlNode::Kind::Map) {
+      check_keys(child, path);
+    } else if (child.kind != YamlNode::Kind::Null) {
+      throw DeckError(path, child.where, "expected a section (a mapping), got " + got(child));
+    }
+  }
+}
+
+/// Puts an override's value into the tree, creating sections on the way.
+void apply_override(YamlNode& root, const Override& o) {
+  const TextOrigin origin{"--set " + o.text, true};
+  YamlNode value = parse_yaml(o.value, origin, kMaxDeckBytes, kMaxDeckDepth);
+  YamlNode* node = &root;
+  std::string_view rest = o.path;
+  std::string path;
+  while (true) {
+    const std::size_t dot = rest.find('.');
+    const std::string key(rest.substr(0, dot));
+    path += path.empty() ? key : "." + key;
+    if (node->kind == YamlNode::Kind::Null) {
+      node->kind = YamlNode::Kind::Map;
+    } else if (node->kind != YamlNode::Kind::Map) {
+      const std::string parent = path.substr(0, path.size() - key.size() - 1);
+      throw DeckError(parent, origin.name,
+                      "is a value, not a section; cannot set '" + key + "' inside it");
+    }
+    YamlNode* child = node->find(key);
+    if (child == nullptr) {
+      node->keys.push_back(key);
+      node->key_wheres.push_back(origin.name);
+      node->children.emplace_back();
+      child = &node->children.back();
+      child->where = origin.name;
+    } else if (dot == std::string_view::npos) {
+      // The override replaces the value; the key keeps no location from the file.
+      const auto i = static_cast<std::size_t>(child - node->children.data());
+      node->key_wheres[i] = origin.name;
+    }
+    if (dot == std::string_view::npos) {
+      *child = std::move(value);
+      return;
+    }
+    node = child;
+    rest.remove_prefix(dot + 1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Presets
+// ---------------------------------------------------------------------------------------
+
+struct Preset {
+  const char* name;
+  ModelSection model;
+};
+
+ModelSection make_model(const char* name, std::int64_t vocab, std::int64_t d, std::int64_t layers,
+                        std::int64_t heads, std::int64_t kv_heads, std::int64_t ffn,
+                        std::int64_t seq) {
+  ModelSection m;
+  m.preset = name;
+  m.vocab_size = vocab;
+  m.d_model = d;
+  m.n_layers = layers;
+  m.n_heads = heads;
+  m.n_kv_heads = kv_heads;
+  m.ffn_dim = ffn;
+  m.max_seq_len = seq;
+  m.rope_theta = 10000.0;
+  m.norm_eps = 1.0e-6;
+  m.tie_embeddings = false;
+  return m;
+}
+
+const std::vector<Preset>& presets() {
+  // Shapes of DeepSeek LLM 7B/67B from their published config.json files (67B uses 8
+  // key/value heads: grouped-query attention); tiny and small are test-sized. The
+  // schema's model.preset choices list the same names (a unit test checks).
+  static const std::vector<Preset> table = {
+      {"tiny", make_model("tiny", 260, 256, 4, 4, 4, 688, 256)},
+      {"small", make_model("small", 4096, 512, 8, 8, 8, 1376, 512)},
+      {"deepseek-llm-7b", make_model("deepseek-llm-7b", 102400, 4096, 30, 32, 32, 11008, 4096)},
+      {"deepseek-llm-67b", make_model("deepseek-llm-67b", 102400, 8192, 95, 64, 8, 22016, 4096)},
+  };
+  return table;
+}
+
+// ---------------------------------------------------------------------------------------
+// Writing YAML
+// ---------------------------------------------------------------------------------------
+
+std::size_t depth_of(const char* path) {
+  return static_cast<std::size_t>(
+      std::count(path, path + std::char_traits<char>::length(path), '.'));
+}
+
+std::string format_list(const double* v, std::size_t n) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < n; ++i)
+    out += (i > 0 ? ", " : "") + yaml_number(v[i]);
+  return out + "]";
+}
+
+std::string yaml_text(const Spec& spec, const std::int64_t& v) {
+  return spec.auto_zero && v == 0 ? "auto" : std::to_string(v);
+}
+std::string yaml_text(const Spec&, const std::uint64_t& v) {
+  return std::to_string(v);
+}
+std::string yaml_text(const Spec&, const double& v) {
+  return yaml_number(v);
+}
+std::string yaml_text(const Spec&, const bool& v) {
+  return v ? "true" : "false";
+}
+std::string yaml_text(const Spec&, const std::string& v) {
+  return yaml_string(v);
+}
+std::string yaml_text(const Spec&, const std::array<double, 2>& v) {
+  return format_list(v.data(), v.size());
+}
+std::string yaml_text(const Spec&, const std::vector<double>& v) {
+  return format_list(v.data(), v.size());
+}
+
+class YamlWriter {
+ public:
+  void section(const char* path, const char*) {
+    const std::size_t depth = depth_of(path);
+    if (depth == 0 && !out_.empty()) out_ += "\n";
+    out_ += std::string(2 * depth, ' ') + leaf_of(path) + ":\n";
+  }
+  template <class T>
+  void field(const char* path, const Spec& spec, const T& v) {
+    out_ += std::string(2 * depth_of(path), ' ') + leaf_of(path) + ": " + yaml_text(spec, v) + "\n";
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Documentation
+// ---------------------------------------------------------------------------------------
+
+std::string quoted_choices(const Spec& spec) {
+  std::string out;
+  for (std::size_t i = 0; i < spec.choices.size(); ++i)
+    out += (i > 0 ? ", " : "") + std::string("`") + spec.choices[i] + "`";
+  return out;
+}
+
+std::string type_name(const Spec& spec, const std::int64_t&) {
+  return spec.auto_zero ? "integer or `auto`" : "integer";
+}
+std::string type_name(const Spec&, const std::uint64_t&) {
+  return "integer";
+}
+std::string type_name(const Spec&, const double&) {
+  return "number";
+}
+std::string type_name(const Spec&, const bool&) {
+  return "boolean";
+}
+std::string type_name(const Spec& spec, const std::string&) {
+  return spec.choices.empty() ? "string" : "enum";
+}
+std::string type_name(const Spec&, const std::array<double, 2>&) {
+  return "list of 2 numbers";
+}
+std::string type_name(const Spec&, const std::vector<double>&) {
+  return "list of numbers";
+}
+
+template <class T>
+std::string allowed_text(const Spec& spec, const T&) {
+  if (spec.note != nullptr) return spec.note;
+  if (!spec.choices.empty()) return quoted_choices(spec);
+  std::string out;
+  if constexpr (std::is_same_v<T, std::string>) {
+    out = spec.allow_empty ? "any" : "non-empty";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out = "`true`, `false`";
+  } else if constexpr (std::is_same_v<T, std::array<double, 2>> ||
+                       std::is_same_v<T, std::vector<double>>) {
+    out = "each " + range_text(spec);
+    if (spec.increasing) out += ", strictly increasing";
+  } else {
+    out = range_text(spec);
+    if (spec.auto_zero) out = "`auto` or " + out;
+  }
+  return out.empty() ? "any" : out;
+}
+
+class KeyInfoCollector {
+ public:
+  void section(const char*, const char*) {}
+  template <class T>
+  void field(const char* path, const Spec& spec, const T& v) {
+    keys.push_back({path, type_name(spec, v), yaml_text(spec, v), allowed_text(spec, v), spec.doc});
+  }
+  std::vector<KeyInfo> keys;
+};
+
+class MarkdownWriter {
+ public:
+  void section(const char* path, const char* doc) {
+    out_ += "\n### `" + std::string(path) + "`\n\n" + doc + "\n\n";
+    out_ += "| Key | Type | Default | Allowed | Description |\n";
+    out_ += "|---|---|---|---|---|\n";
+  }
+  template <class T>
+  void field(const char* path, const Spec& spec, const T& v) {
+    out_ += "| `" + leaf_of(path) + "` | " + type_name(spec, v) + " | `" + yaml_text(spec, v) +
+            "` | " + allowed_text(spec, v) + " | " + spec.doc + " |\n";
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+}  // namespace detail
+
+// -----------------------------------------------------------------------------------------
+// Public API
+// -----------------------------------------------------------------------------------------
+
+Override parse_override(std::string_view text) {
+  const std::string where = "--set " + std::string(text);
+  const std::size_t eq = text.find('=');
+  if (eq == std::string_view::npos)
+    throw DeckError("", where, "expected path=value (for example training.max_steps=10)");
+  Override o;
+  o.text = std::string(text);
+  o.value = std::string(text.substr(eq + 1));
+  std::string_view path = text.substr(0, eq);
+  while (!path.empty() && path.back() == ' ')
+    path.remove_suffix(1);
+  while (!path.empty() && path.front() == ' ')
+    path.remove_prefix(1);
+  if (path.empty()) throw DeckError("", where, "the key path before '=' is empty");
+  // Empty components ("training..lr") or white space inside the path are typos that no
+  // key can match; say so instead of "unknown key".
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = path.find('.', start);
+    const std::string_view part =
+        path.substr(start, dot == std::string_view::npos ? dot : dot - start);
+    if (part.empty() || part.find_first_of(" \t") != std::string_view::npos)
+      throw DeckError(std::string(path), where, "malformed key path");
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  o.path = std::string(path);
+  return o;
+}
+
+RunConfig load_deck_text(std::string_view text, std::string_view source_name,
+                         const std::vector<Override>& overrides) {
+  using namespace detail;
+  const TextOrigin origin{std::string(source_name), false};
+  YamlNode root = parse_yaml(text, origin, kMaxDeckBytes, kMaxDeckDepth);
+  if (root.kind == YamlNode::Kind::Null)
+    throw DeckError("", origin.name,
+                    "the deck is empty (expected a mapping of sections such as run:, model:, "
+                    "training:)");
+  if (root.kind != YamlNode::Kind::Map)
+    throw DeckError("", root.where,
+                    "a deck must be a mapping of sections (run:, model:, ...), got " + got(root));
+  for (const Override& o : overrides)
+    apply_override(root, o);
+  check_keys(root, "");
+
+  RunConfig config;
+  GivenKeys given;
+  // The preset decides the model section's defaults, so it is read first; explicit keys
+  // then overwrite the preset's values.
+  if (const YamlNode* preset = lookup(root, "model.preset")) {
+    std::string name;
+    read_value(*preset, "model.preset", Spec(""), name);
+    const auto& table = presets();
+    const auto it =
+        std::find_if(table.begin(), table.end(), [&](const Preset& p) { return name == p.name; });
+    if (it == table.end()) {
+      std::string names;
+      for (const std::string& n : preset_names())
+        names += (names.empty() ? "" : ", ") + n;
+      throw DeckError("model.preset", preset->where,
+                      "unknown preset '" + name + "' (presets: " + names + ")");
+    }
+    config.model = it->model;
+  }
+  ReadVisitor reader(root, given);
+  visit_schema(reader, config);
+  if (given.count("data.seq_len") == 0) config.data.seq_len = config.model.max_seq_len;
+  validate_impl(config, given, origin.name);
+  return config;
+}
+
+std::string read_deck_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DeckError("", path, "cannot open the deck file");
+  // Read at most one byte past the limit, so a huge (or endless) file is not slurped.
+  std::string text(kMaxDeckBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw DeckError("", path, "cannot read the deck file");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxDeckBytes)
+    throw DeckError(
+        "", path,
+        "the deck file is larger than the limit of " + std::to_string(kMaxDeckBytes) + " bytes");
+  return text;
+}
+
+RunConfig load_deck_file(const std::string& path, const std::vector<Override>& overrides) {
+  return load_deck_text(read_deck_file(path), path, overrides);
+}
+
+void validate(const RunConfig& config) {
+  detail::validate_impl(config, {}, "");
+}
+
+Layout resolve_layout(const RunConfig& config, int world_size) {
+  if (world_size < 1)
+    throw Error("resolve_layout: the world size must be >= 1, got " + std::to_string(world_size));
+  validate(config);
+  const auto s = [](auto v) { return std::to_string(v); };
+  const std::string world = "world size " + s(world_size);
+  const ParallelSection& p = config.parallel;
+  const std::int64_t model_ranks = p.tensor * p.pipeline;  // both <= INT32_MAX: no overflow
+  if (world_size % model_ranks != 0)
+    throw DeckError("parallel.tensor", world,
+                    "parallel.tensor (" + s(p.tensor) + ") x parallel.pipeline (" + s(p.pipeline) +
+                        ") = " + s(model_ranks) + " does not divide the world size (" +
+                        s(world_size) + ")");
+  const std::int64_t data = world_size / model_ranks;
+  if (p.data != 0 && p.data != data)
+    throw DeckError("parallel.data", world,
+                    "parallel.data (" + s(p.data) + ") must be world size / (parallel.tensor x " +
+                        "parallel.pipeline) = " + s(world_size) + " / " + s(model_ranks) + " = " +
+                        s(data) + " (or auto)");
+
+  const TrainingSection& t = config.training;
+  std::int64_t per_micro_step = 0;  // sequences per micro-step over all data ranks
+  if (__builtin_mul_overflow(t.micro_batch_size, data, &per_micro_step))
+    throw DeckError("training.micro_batch_size", world,
+                    "training.micro_batch_size x data-parallel ranks overflows");
+  Layout layout;
+  layout.world_size = world_size;
+  layout.data = static_cast<int>(data);
+  layout.tensor = static_cast<int>(p.tensor);
+  layout.pipeline = static_cast<int>(p.pipeline);
+  if (t.global_batch_size > 0) {
+    if (t.global_batch_size % per_micro_step != 0)
+      throw DeckError("training.global_batch_size", world,
+                      "training.global_batch_size (" + s(t.global_batch_size) +
+                          ") is not divisible by training.micro_batch_size (" +
+                          s(t.micro_batch_size) + ") x data-parallel ranks (" + s(data) +
+                          ") = " + s(per_micro_step));
+    layout.global_batch_size = t.global_batch_size;
+    layout.grad_accum_steps = t.global_batch_size / per_micro_step;
+  } else {
+    layout.grad_accum_steps = t.grad_accum_steps;
+    if (__builtin_mul_overflow(per_micro_step, t.grad_accum_steps, &layout.global_batch_size))
+      throw DeckError("training.grad_accum_steps", world,
+                      "training.micro_batch_size x data-parallel ranks x "
+                      "training.grad_accum_steps overflows");
+  }
+  return layout;
+}
+
+std::string to_yaml(const RunConfig& config) {
+  detail::YamlWriter writer;
+  detail::visit_schema(writer, config);
+  return "# Resolved dstrain run deck (deck format 1): every key, defaults included.\n" +
+         writer.take();
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const detail::Preset& p : detail::presets())
+    names.emplace_back(p.name);
+  return names;
+}
+
+ModelSection preset_model(const std::string& name) {
+  for (const detail::Preset& p : detail::presets())
+    if (name == p.name) return p.model;
+  std::string names;
+  for (const std::string& n : preset_names())
+    names += (names.empty() ? "" : ", ") + n;
+  throw DeckError("model.preset", "", "unknown preset '" + name + "' (presets: " + names + ")");
+}
+
+std::vector<KeyInfo> schema_keys() {
+  detail::KeyInfoCollector collector;
+  const RunConfig defaults;
+  detail::visit_schema(collector, defaults);
+  return std::move(collector.keys);
+}
+
+std::string deck_reference_markdown() {
+  detail::MarkdownWriter writer;
+  const RunConfig defaults;
+  detail::visit_schema(writer, defaults);
+  return "<!-- BEGIN generated key reference (deck_docgen); do not edit by hand -->\n"
+         "## Key reference\n\n"
+         "Defaults are those of the `tiny` preset; `data.seq_len` defaults to "
+         "`model.max_seq_len`.\n" +
+         writer.take() + "<!-- END generated key reference -->\n";
+}
+
+std::vector<std::string> advisories(const RunConfig& config) {
+  std::vector<std::string> out;
+  const TrainingSection& t = config.training;
+  // Legal (a short smoke run of a long deck: --set training.max_steps=10), but the
+  // learning rate then never reaches its peak, which is worth saying.
+  if (t.schedule.type != "constant" && t.schedule.warmup_steps > t.max_steps)
+    out.push_back("training.schedule.warmup_steps (" + std::to_string(t.schedule.warmup_steps) +
+                  ") exceeds training.max_steps (" + std::to_string(t.max_steps) +
+                  "): the learning rate never reaches training.optimizer.lr");
+  return out;
+}
+
+}  // namespace dst::config

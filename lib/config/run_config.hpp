@@ -1,0 +1,194 @@
+#pragma once
+/// \file run_config.hpp
+/// The typed, validated run deck. Every key of docs/deck.md is a field here; the
+/// schema (schema.hpp) binds each field to its dotted key path, type, default, range
+/// and documentation, and drives parsing, validation, YAML echo and the docs.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dst::config {
+
+struct RunSection {
+  std::string name = "dstrain-run";
+  std::uint64_t seed = 1234;  ///< the one seed everything derives from
+  std::string output_dir = "runs/dstrain-run";
+};
+
+/// Model shape. Fields start from the preset's values; explicit deck keys override.
+struct ModelSection {
+  std::string preset = "tiny";  ///< tiny | small | deepseek-llm-7b | deepseek-llm-67b
+  std::int64_t vocab_size = 260;
+  std::int64_t d_model = 256;
+  std::int64_t n_layers = 4;
+  std::int64_t n_heads = 4;
+  std::int64_t n_kv_heads = 4;  ///< < n_heads: grouped-query attention
+  std::int64_t ffn_dim = 688;
+  std::int64_t max_seq_len = 256;
+  double rope_theta = 10000.0;
+  double norm_eps = 1.0e-6;
+  bool tie_embeddings = false;
+};
+
+struct DataSection {
+  std::string train;  ///< shard glob or manifest; empty = not configured
+  std::string valid;
+  std::int64_t seq_len = 256;
+};
+
+struct OptimizerSection {
+  std::string type = "adamw";
+  double lr = 3.0e-4;
+  std::array<double, 2> betas{0.9, 0.95};
+  double eps = 1.0e-8;
+  double weight_decay = 0.1;
+};
+
+struct ScheduleSection {
+  std::string type = "cosine";  ///< constant | cosine | linear | inverse_sqrt | multistep
+  std::int64_t warmup_steps = 20;
+  double min_lr_ratio = 0.1;
+  /// multistep: at these fractions of max_steps the LR drops to the matching factor.
+  std::vector<double> milestones{0.8, 0.9};
+  std::vector<double> factors{0.316, 0.1};
+  std::string world_size_scaling = "none";  ///< none | linear | sqrt
+  std::int64_t reference_world_size = 1;
+};
+
+struct TrainingSection {
+  std::int64_t max_steps = 200;
+  std::int64_t global_batch_size = 16;  ///< 0 = derive from grad_accum_steps
+  std::int64_t micro_batch_size = 8;
+  std::int64_t grad_accum_steps = 0;  ///< only when global_batch_size is 0; 0 = derived
+  std::string precision = "fp32";     ///< fp32 | bf16 | fp16
+  double grad_clip = 1.0;             ///< 0 = no clipping
+  OptimizerSection optimizer;
+  ScheduleSection schedule;
+};
+
+struct ParallelSection {
+  std::int64_t data = 0;  ///< 0 = auto: the rest of the world after tensor x pipeline
+  std::int64_t tensor = 1;
+  std::int64_t pipeline = 1;
+  std::string backend = "auto";  ///< auto | mpi | nccl
+  double bucket_mb = 25.0;
+  double timeout_s = 600.0;       ///< deadline of every collective
+  double init_timeout_s = 300.0;  ///< deadline of each start-up step
+};
+
+struct KernelsSection {
+  std::string backend = "auto";  ///< auto | kokkos | cuda
+};
+
+struct CheckpointSection {
+  std::int64_t every_steps = 100;  ///< 0 = only at the end
+  std::int64_t keep_last = 3;
+  std::string resume = "auto";  ///< auto | none | <path>
+};
+
+struct LoggingSection {
+  std::int64_t every_steps = 10;
+  std::string metrics_file = "metrics.jsonl";
+};
+
+struct EvalSection {
+  std::int64_t every_steps = 100;  ///< 0 = never
+  std::int64_t batches = 10;
+};
+
+struct DebugSection {
+  bool deterministic = true;
+  std::int64_t consistency_every = 100;  ///< 0 = never
+  std::string nan_policy = "abort";      ///< abort | skip
+  std::int64_t inject_nan_step = -1;
+  std::int64_t inject_hang_rank = -1;
+  std::int64_t inject_exit_rank = -1;
+  bool inject_exit_in_checkpoint = false;
+  std::int64_t inject_read_delay_ms = 0;
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  TrainingSection training;
+  ParallelSection parallel;
+  KernelsSection kernels;
+  CheckpointSection checkpoint;
+  LoggingSection logging;
+  EvalSection eval;
+  DebugSection debug;
+};
+
+/// The data-parallel layout a config resolves to on a given world size.
+struct Layout {
+  int world_size = 1;
+  int data = 1;
+  int tensor = 1;
+  int pipeline = 1;
+  std::int64_t grad_accum_steps = 1;   ///< micro-steps per optimizer step
+  std::int64_t global_batch_size = 1;  ///< sequences per optimizer step
+};
+
+/// Field-by-field equality (doubles compared exactly), generated from the schema so a new
+/// key cannot be forgotten; load_deck_text(to_yaml(c)) == c is the round-trip guarantee.
+bool operator==(const RunSection& a, const RunSection& b);
+inline bool operator!=(const RunSection& a, const RunSection& b) {
+  return !(a == b);
+}
+bool operator==(const ModelSection& a, const ModelSection& b);
+inline bool operator!=(const ModelSection& a, const ModelSection& b) {
+  return !(a == b);
+}
+bool operator==(const DataSection& a, const DataSection& b);
+inline bool operator!=(const DataSection& a, const DataSection& b) {
+  return !(a == b);
+}
+bool operator==(const OptimizerSection& a, const OptimizerSection& b);
+inline bool operator!=(const OptimizerSection& a, const OptimizerSection& b) {
+  return !(a == b);
+}
+bool operator==(const ScheduleSection& a, const ScheduleSection& b);
+inline bool operator!=(const ScheduleSection& a, const ScheduleSection& b) {
+  return !(a == b);
+}
+bool operator==(const TrainingSection& a, const TrainingSection& b);
+inline bool operator!=(const TrainingSection& a, const TrainingSection& b) {
+  return !(a == b);
+}
+bool operator==(const ParallelSection& a, const ParallelSection& b);
+inline bool operator!=(const ParallelSection& a, const ParallelSection& b) {
+  return !(a == b);
+}
+bool operator==(const KernelsSection& a, const KernelsSection& b);
+inline bool operator!=(const KernelsSection& a, const KernelsSection& b) {
+  return !(a == b);
+}
+bool operator==(const CheckpointSection& a, const CheckpointSection& b);
+inline bool operator!=(const CheckpointSection& a, const CheckpointSection& b) {
+  return !(a == b);
+}
+bool operator==(const LoggingSection& a, const LoggingSection& b);
+inline bool operator!=(const LoggingSection& a, const LoggingSection& b) {
+  return !(a == b);
+}
+bool operator==(const EvalSection& a, const EvalSection& b);
+inline bool operator!=(const EvalSection& a, const EvalSection& b) {
+  return !(a == b);
+}
+bool operator==(const DebugSection& a, const DebugSection& b);
+inline bool operator!=(const DebugSection& a, const DebugSection& b) {
+  return !(a == b);
+}
+bool operator==(const RunConfig& a, const RunConfig& b);
+inline bool operator!=(const RunConfig& a, const RunConfig& b) {
+  return !(a == b);
+}
+bool operator==(const Layout& a, const Layout& b);
+inline bool operator!=(const Layout& a, const Layout& b) {
+  return !(a == b);
+}
+
+}  // namespace dst::config

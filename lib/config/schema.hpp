@@ -1,0 +1,340 @@
+#pragma once
+/// \file schema.hpp
+/// The deck schema: the one table that binds every RunConfig field to its dotted key
+/// path, documentation and allowed values. Parsing, unknown-key detection, range checks,
+/// to_yaml, schema_keys(), deck_reference_markdown() and operator== are all visitors over
+/// it, so adding a key here is the only change a new deck key needs (plus the field in
+/// run_config.hpp).
+///
+/// A visitor provides
+///   void section(const char* path, const char* doc);
+///   template <class T> void field(const char* path, const Spec& spec, T&... fields);
+/// The visit functions take one or more sections of the same type (const or not) and
+/// pass the matching field of each, so a two-config visitor (operator==) uses the same
+/// table as a one-config one.
+
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "config/run_config.hpp"
+
+namespace dst::config::detail {
+
+/// What a key accepts beyond its C++ type. Built with chained setters:
+/// `Spec("doc").at_least(1)`.
+struct Spec {
+  const char* doc = "";
+  std::optional<double> min;  ///< lower bound (inclusive unless min_open)
+  std::optional<double> max;  ///< upper bound (inclusive unless max_open)
+  bool min_open = false;
+  bool max_open = false;
+  std::vector<const char*> choices;  ///< enum: the allowed strings
+  bool allow_empty = false;          ///< string: "" (or null) is allowed
+  bool auto_zero = false;            ///< integer: `auto` is accepted and stored as 0
+  bool increasing = false;           ///< list: strictly increasing elements
+  const char* note = nullptr;        ///< extra text for the "allowed" column
+
+  explicit Spec(const char* d) : doc(d) {}
+  Spec& at_least(double v) {
+    min = v;
+    return *this;
+  }
+  Spec& above(double v) {
+    min = v;
+    min_open = true;
+    return *this;
+  }
+  Spec& at_most(double v) {
+    max = v;
+    return *this;
+  }
+  Spec& below(double v) {
+    max = v;
+    max_open = true;
+    return *this;
+  }
+  Spec& one_of(std::initializer_list<const char*> c) {
+    // push_back, not assignment: GCC 12 warns falsely (-Wnonnull) on the memmove that
+    // vector's initializer_list assignment inlines.
+    for (const char* s : c)
+      choices.push_back(s);
+    return *this;
+  }
+  Spec& empty_ok() {
+    allow_empty = true;
+    return *this;
+  }
+  Spec& with_auto() {
+    auto_zero = true;
+    return *this;
+  }
+  Spec& strictly_increasing() {
+    increasing = true;
+    return *this;
+  }
+  Spec& with_note(const char* n) {
+    note = n;
+    return *this;
+  }
+};
+
+// Counts and sizes that end up in `int` (ranks, Layout) are capped at INT32_MAX so the
+// narrowing in resolve_layout cannot overflow.
+inline constexpr double kIntMax = std::numeric_limits<std::int32_t>::max();
+// Timeouts end up in std::chrono durations (nanosecond int64 holds ~292 years); 1e6 s
+// (11.6 days) is far beyond any sane collective deadline and far inside that range.
+inline constexpr double kMaxTimeoutS = 1.0e6;
+
+template <class V, class... S>
+void visit_run(V& v, S&... s) {
+  v.section("run", "Identity of the run and where it writes.");
+  v.field("run.name", Spec("Name of the run, used in logs and metrics."), s.name...);
+  v.field(
+      "run.seed",
+      Spec("The one seed every random stream derives from.").with_note("0 to 18446744073709551615"),
+      s.seed...);
+  v.field("run.output_dir",
+          Spec("Directory for metrics, checkpoints and the resolved deck (created if missing)."),
+          s.output_dir...);
+}
+
+template <class V, class... S>
+void visit_model(V& v, S&... s) {
+  v.section("model",
+            "Model shape. `preset` fills every other key; keys given explicitly win over it.");
+  v.field("model.preset",
+          Spec("Named model shape that provides the defaults of this section.")
+              .one_of({"tiny", "small", "deepseek-llm-7b", "deepseek-llm-67b"}),
+          s.preset...);
+  v.field("model.vocab_size",
+          Spec("Vocabulary size (tiny: 256 byte values + 4 special tokens).")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.vocab_size...);
+  v.field("model.d_model",
+          Spec("Hidden size; n_heads must divide it into an even head dim.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.d_model...);
+  v.field("model.n_layers", Spec("Number of transformer blocks.").at_least(1).at_most(kIntMax),
+          s.n_layers...);
+  v.field("model.n_heads", Spec("Attention (query) heads.").at_least(1).at_most(kIntMax),
+          s.n_heads...);
+  v.field("model.n_kv_heads",
+          Spec("Key/value heads; fewer than n_heads (dividing it) is grouped-query attention.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.n_kv_heads...);
+  v.field("model.ffn_dim",
+          Spec("Inner size of the SwiGLU feed-forward block.").at_least(1).at_most(kIntMax),
+          s.ffn_dim...);
+  v.field(
+      "model.max_seq_len",
+      Spec("Longest sequence the model supports (RoPE table size).").at_least(1).at_most(kIntMax),
+      s.max_seq_len...);
+  v.field("model.rope_theta", Spec("RoPE base frequency.").above(0), s.rope_theta...);
+  v.field("model.norm_eps", Spec("RMSNorm epsilon.").above(0), s.norm_eps...);
+  v.field("model.tie_embeddings", Spec("Share the input embedding with the output projection."),
+          s.tie_embeddings...);
+}
+
+template <class V, class... S>
+void visit_data(V& v, S&... s) {
+  v.section("data", "Training and validation data.");
+  v.field("data.train",
+          Spec("Training shards: a glob or a manifest file; empty = not configured.").empty_ok(),
+          s.train...);
+  v.field("data.valid", Spec("Validation shard(s); empty = no validation data.").empty_ok(),
+          s.valid...);
+  v.field("data.seq_len",
+          Spec("Tokens per training sequence; defaults to model.max_seq_len when not given.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.seq_len...);
+}
+
+template <class V, class... S>
+void visit_optimizer(V& v, S&... s) {
+  v.section("training.optimizer", "The optimizer.");
+  v.field("training.optimizer.type", Spec("Optimizer.").one_of({"adamw"}), s.type...);
+  v.field("training.optimizer.lr", Spec("Peak learning rate.").above(0), s.lr...);
+  v.field("training.optimizer.betas", Spec("Adam beta1 and beta2.").at_least(0).below(1),
+          s.betas...);
+  v.field("training.optimizer.eps", Spec("Adam epsilon.").above(0), s.eps...);
+  v.field("training.optimizer.weight_decay", Spec("Decoupled weight decay.").at_least(0),
+          s.weight_decay...);
+}
+
+template <class V, class... S>
+void visit_schedule(V& v, S&... s) {
+  v.section("training.schedule", "Learning-rate schedule.");
+  v.field("training.schedule.type",
+          Spec("Shape of the learning rate after warm-up.")
+              .one_of({"constant", "cosine", "linear", "inverse_sqrt", "multistep"}),
+          s.type...);
+  v.field("training.schedule.warmup_steps",
+          Spec("Linear warm-up steps from 0 to the peak; at most training.max_steps.").at_least(0),
+          s.warmup_steps...);
+  v.field("training.schedule.min_lr_ratio",
+          Spec("Final learning rate of cosine/linear decay, as a fraction of the peak.")
+              .at_least(0)
+              .at_most(1),
+          s.min_lr_ratio...);
+  v.field("training.schedule.milestones",
+          Spec("multistep: fractions of max_steps at which the rate drops; same length as "
+               "factors.")
+              .above(0)
+              .below(1)
+              .strictly_increasing(),
+          s.milestones...);
+  v.field("training.schedule.factors",
+          Spec("multistep: the rate after each milestone, as a fraction of the peak.").above(0),
+          s.factors...);
+  v.field("training.schedule.world_size_scaling",
+          Spec("Scale the peak rate by world_size / reference_world_size (linear) or its square "
+               "root (sqrt).")
+              .one_of({"none", "linear", "sqrt"}),
+          s.world_size_scaling...);
+  v.field("training.schedule.reference_world_size",
+          Spec("World size the peak rate was tuned for.").at_least(1).at_most(kIntMax),
+          s.reference_world_size...);
+}
+
+template <class V, class... S>
+void visit_training(V& v, S&... s) {
+  v.section("training", "Steps, batch sizes, precision, optimizer and schedule.");
+  v.field("training.max_steps", Spec("Optimizer steps to train for.").at_least(1), s.max_steps...);
+  v.field("training.global_batch_size",
+          Spec("Sequences per optimizer step; 0 = micro_batch_size x data ranks x "
+               "grad_accum_steps.")
+              .at_least(0),
+          s.global_batch_size...);
+  v.field("training.micro_batch_size",
+          Spec("Sequences per rank per micro-step.").at_least(1).at_most(kIntMax),
+          s.micro_batch_size...);
+  v.field("training.grad_accum_steps",
+          Spec("Micro-steps per optimizer step, only when global_batch_size is 0; 0 = derived "
+               "from global_batch_size.")
+              .at_least(0),
+          s.grad_accum_steps...);
+  v.field(
+      "training.precision",
+      Spec("Compute precision of the forward and backward pass.").one_of({"fp32", "bf16", "fp16"}),
+      s.precision...);
+  v.field("training.grad_clip", Spec("Global gradient-norm clip; 0 = no clipping.").at_least(0),
+          s.grad_clip...);
+  visit_optimizer(v, s.optimizer...);
+  visit_schedule(v, s.schedule...);
+}
+
+template <class V, class... S>
+void visit_parallel(V& v, S&... s) {
+  v.section("parallel", "How the ranks are divided and how they talk.");
+  v.field("parallel.data",
+          Spec("Data-parallel ranks; auto = world size / (tensor x pipeline).")
+              .with_auto()
+              .at_least(1)
+              .at_most(kIntMax),
+          s.data...);
+  v.field("parallel.tensor", Spec("Tensor-parallel ranks.").at_least(1).at_most(kIntMax),
+          s.tensor...);
+  v.field("parallel.pipeline", Spec("Pipeline-parallel stages.").at_least(1).at_most(kIntMax),
+          s.pipeline...);
+  v.field("parallel.backend", Spec("Communication back end.").one_of({"auto", "mpi", "nccl"}),
+          s.backend...);
+  v.field("parallel.bucket_mb", Spec("Gradient all-reduce bucket size in MiB.").above(0),
+          s.bucket_mb...);
+  v.field("parallel.timeout_s",
+          Spec("Deadline of every collective in seconds; the hang watchdog's limit.")
+              .above(0)
+              .at_most(kMaxTimeoutS),
+          s.timeout_s...);
+  v.field("parallel.init_timeout_s",
+          Spec("Deadline of each start-up step (MPI/NCCL set-up) in seconds.")
+              .above(0)
+              .at_most(kMaxTimeoutS),
+          s.init_timeout_s...);
+}
+
+template <class V, class... S>
+void visit_kernels(V& v, S&... s) {
+  v.section("kernels", "Compute kernels.");
+  v.field("kernels.backend", Spec("Kernel back end.").one_of({"auto", "kokkos", "cuda"}),
+          s.backend...);
+}
+
+template <class V, class... S>
+void visit_checkpoint(V& v, S&... s) {
+  v.section("checkpoint", "Checkpoints and resuming.");
+  v.field("checkpoint.every_steps",
+          Spec("Checkpoint interval in steps; 0 = only at the end.").at_least(0), s.every_steps...);
+  v.field("checkpoint.keep_last", Spec("Checkpoints kept on disk.").at_least(1), s.keep_last...);
+  v.field("checkpoint.resume",
+          Spec("auto = the newest checkpoint in output_dir if any; none = start fresh; "
+               "otherwise a checkpoint path.")
+              .with_note("auto | none | a path"),
+          s.resume...);
+}
+
+template <class V, class... S>
+void visit_logging(V& v, S&... s) {
+  v.section("logging", "Console and metrics logging.");
+  v.field("logging.every_steps", Spec("Log a line every this many steps.").at_least(1),
+          s.every_steps...);
+  v.field("logging.metrics_file", Spec("JSON Lines metrics file, relative to run.output_dir."),
+          s.metrics_file...);
+}
+
+template <class V, class... S>
+void visit_eval(V& v, S&... s) {
+  v.section("eval", "Periodic evaluation on data.valid.");
+  v.field("eval.every_steps", Spec("Evaluation interval in steps; 0 = never.").at_least(0),
+          s.every_steps...);
+  v.field("eval.batches", Spec("Validation batches per evaluation.").at_least(1), s.batches...);
+}
+
+template <class V, class... S>
+void visit_debug(V& v, S&... s) {
+  v.section("debug", "Determinism, consistency checks and fault injection for tests.");
+  v.field("debug.deterministic", Spec("Use deterministic kernels and reductions."),
+          s.deterministic...);
+  v.field("debug.consistency_every",
+          Spec("Cross-rank parameter hash check interval in steps; 0 = never.").at_least(0),
+          s.consistency_every...);
+  v.field("debug.nan_policy",
+          Spec("On a non-finite loss: abort the job, or skip the step.").one_of({"abort", "skip"}),
+          s.nan_policy...);
+  v.field("debug.inject_nan_step", Spec("Make the loss NaN at this step; -1 = off.").at_least(-1),
+          s.inject_nan_step...);
+  v.field("debug.inject_hang_rank",
+          Spec("This rank stops calling collectives; -1 = off.").at_least(-1).at_most(kIntMax),
+          s.inject_hang_rank...);
+  v.field("debug.inject_exit_rank",
+          Spec("This rank exits mid-run; -1 = off.").at_least(-1).at_most(kIntMax),
+          s.inject_exit_rank...);
+  v.field("debug.inject_exit_in_checkpoint",
+          Spec("Exit while a checkpoint is half written (tests atomic checkpoints)."),
+          s.inject_exit_in_checkpoint...);
+  v.field("debug.inject_read_delay_ms", Spec("Delay added to every data read, in ms.").at_least(0),
+          s.inject_read_delay_ms...);
+}
+
+/// The whole deck, in document order.
+template <class V, class... C>
+void visit_schema(V& v, C&... c) {
+  visit_run(v, c.run...);
+  visit_model(v, c.model...);
+  visit_data(v, c.data...);
+  visit_training(v, c.training...);
+  visit_parallel(v, c.parallel...);
+  visit_kernels(v, c.kernels...);
+  visit_checkpoint(v, c.checkpoint...);
+  visit_logging(v, c.logging...);
+  visit_eval(v, c.eval...);
+  visit_debug(v, c.debug...);
+}
+
+}  // namespace dst::config::detail

@@ -1,0 +1,21 @@
+#include "core/version.hpp"
+
+namespace dst::core {
+
+std::string version() {
+  return DSTRAIN_VERSION;
+}
+std::string git_hash() {
+  return DSTRAIN_GIT_HASH;
+}
+std::string yaml_cpp_version() {
+  return DSTRAIN_YAML_CPP_VERSION;
+}
+bool built_with_cuda() {
+  return DSTRAIN_HAVE_CUDA != 0;
+}
+bool built_with_nccl() {
+  return DSTRAIN_HAVE_NCCL != 0;
+}
+
+}  // namespace dst::core

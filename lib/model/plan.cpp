@@ -1,0 +1,150 @@
+#include "model/plan.hpp"
+
+#include <cstdio>
+
+namespace dst::model {
+
+ParamCount count_parameters(const config::ModelSection& m) {
+  const std::int64_t C = m.d_model;
+  const std::int64_t hd = m.d_model / m.n_heads;  // head dimension
+  const std::int64_t kv = m.n_kv_heads * hd;      // width of K and V (GQA: < C)
+  ParamCount p;
+  p.embedding = m.vocab_size * C;              // (V, C)
+  const std::int64_t attn = C * C              // wq (C, C)
+                            + 2 * C * kv       // wk, wv (kv, C)
+                            + C * C;           // wo (C, C)
+  const std::int64_t mlp = 3 * C * m.ffn_dim;  // w1, w3 (F, C); w2 (C, F)
+  const std::int64_t norms = 2 * C;            // attention and MLP RMSNorm weights
+  p.per_layer = attn + mlp + norms;
+  p.layers = p.per_layer * m.n_layers;
+  p.final_norm = C;
+  p.head = m.tie_embeddings ? 0 : m.vocab_size * C;  // (V, C)
+  return p;
+}
+
+double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len) {
+  const ParamCount p = count_parameters(m);
+  // The project's one definition of model FLOPs (MFU uses it): 6 FLOPs per non-embedding
+  // parameter per token (a multiply-add forward, two backward), output head included
+  // even when it is tied to the embedding, plus attention scores and values.
+  const double non_embedding = static_cast<double>(p.total() - p.embedding) +
+                               (m.tie_embeddings ? static_cast<double>(p.embedding) : 0.0);
+  const double attention = 12.0 * static_cast<double>(m.n_layers) * static_cast<double>(seq_len) *
+                           static_cast<double>(m.d_model);
+  return 6.0 * non_embedding + attention;
+}
+
+Plan make_plan(const config::RunConfig& c, const config::Layout& layout) {
+  const auto& m = c.model;
+  Plan plan;
+  plan.params = count_parameters(m);
+  const std::int64_t T = c.data.seq_len;
+  plan.flops_per_token = training_flops_per_token(m, T);
+  plan.tokens_per_step = layout.global_batch_size * T;
+  plan.flops_per_step = plan.flops_per_token * static_cast<double>(plan.tokens_per_step);
+
+  // Tensor and pipeline parallelism split the weights; data-parallel ranks each hold all.
+  const double model_split = static_cast<double>(layout.tensor) * layout.pipeline;
+  const double n = static_cast<double>(plan.params.total()) / model_split;
+  const bool low_precision = c.training.precision != "fp32";
+  auto& mem = plan.memory;
+  mem.parameters = static_cast<std::uint64_t>(n * (low_precision ? 4 + 2 : 4));
+  mem.gradients = static_cast<std::uint64_t>(n * 4);
+  mem.optimizer = static_cast<std::uint64_t>(n * 8);
+
+  // Activations kept for the backward pass, per token and layer (non-fused attention):
+  // norm inputs and outputs 4C, q and attention output 2C, k and v 2*kv, the attention
+  // probabilities n_heads*T, MLP w1/w3 outputs and their SwiGLU product 3F, two RMSNorm
+  // reciprocal norms. Plus the final norm (2C) and fp32 logits and their gradient (2V).
+  const double C = static_cast<double>(m.d_model);
+  const double kv = static_cast<double>(m.n_kv_heads) * (C / static_cast<double>(m.n_heads));
+  const double F = static_cast<double>(m.ffn_dim);
+  const double per_token_layer = 6 * C + 2 * kv + static_cast<double>(m.n_heads) * T + 3 * F + 2;
+  const double act_bytes = low_precision ? 2 : 4;
+  const double tokens = static_cast<double>(c.training.micro_batch_size) * T;
+  const double layers_here = static_cast<double>(m.n_layers) / layout.pipeline;
+  mem.activations = static_cast<std::uint64_t>(
+      tokens * (per_token_layer * layers_here / layout.tensor * act_bytes + 2 * C * act_bytes +
+                2.0 * static_cast<double>(m.vocab_size) / layout.tensor * 4));
+  const double bucket = c.parallel.bucket_mb * 1024 * 1024;
+  mem.workspace = static_cast<std::uint64_t>(2 * bucket + tokens * F * 4);
+
+  // Ring all-reduce moves 2 (p-1)/p of the gradient bytes per rank (fp32 gradients).
+  const double p = layout.data;
+  plan.comm_bytes_per_step = p > 1 ? 2.0 * (p - 1) / p * n * 4 : 0.0;
+  return plan;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 5) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string format_count(double n) {
+  const char* units[] = {"", " K", " M", " B", " T"};
+  int u = 0;
+  while (n >= 1000.0 && u < 4) {
+    n /= 1000.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f%s" : "%.3g%s", n, units[u]);
+  return buf;
+}
+
+}  // namespace dst::model
+
+namespace dst::model {
+
+std::string format_plan(const config::RunConfig& c, const config::Layout& layout, const Plan& plan,
+                        std::uint64_t available_per_rank) {
+  std::string out;
+  char line[256];
+  auto row = [&](const char* name, const std::string& value, const std::string& note) {
+    std::snprintf(line, sizeof(line), "  %-22s %-12s %s", name, value.c_str(), note.c_str());
+    std::string text = line;
+    text.erase(text.find_last_not_of(' ') + 1);
+    out += text + "\n";
+  };
+  const auto& p = plan.params;
+  out += "plan: model '" + c.model.preset + "' (d_model " + std::to_string(c.model.d_model) + ", " +
+         std::to_string(c.model.n_layers) + " layers, vocab " + std::to_string(c.model.vocab_size) +
+         ") on " + std::to_string(layout.world_size) + " rank(s): data " +
+         std::to_string(layout.data) + " x tensor " + std::to_string(layout.tensor) +
+         " x pipeline " + std::to_string(layout.pipeline) + "\n";
+  row("parameters", format_count(static_cast<double>(p.total())),
+      "(" + std::to_string(p.total()) + ": embedding " +
+          format_count(static_cast<double>(p.embedding)) + ", " + std::to_string(c.model.n_layers) +
+          " x " + format_count(static_cast<double>(p.per_layer)) + " per layer, head " +
+          (p.head ? format_count(static_cast<double>(p.head)) : std::string("tied")) + ")");
+  row("FLOPs per token", format_count(plan.flops_per_token), "(training: forward + backward)");
+  row("tokens per step", std::to_string(plan.tokens_per_step),
+      "(global batch " + std::to_string(layout.global_batch_size) + " x seq_len " +
+          std::to_string(c.data.seq_len) + "; micro-batch " +
+          std::to_string(c.training.micro_batch_size) + " x " +
+          std::to_string(layout.grad_accum_steps) + " accumulation step(s) per rank)");
+  row("FLOPs per step", format_count(plan.flops_per_step), "");
+  const auto& m = plan.memory;
+  row("memory per rank", format_bytes(static_cast<double>(m.total())),
+      "(precision " + c.training.precision + ")");
+  row("  parameters", format_bytes(static_cast<double>(m.parameters)), "");
+  row("  gradients", format_bytes(static_cast<double>(m.gradients)), "");
+  row("  optimizer state", format_bytes(static_cast<double>(m.optimizer)), "(AdamW moments, fp32)");
+  row("  activations", format_bytes(static_cast<double>(m.activations)),
+      "(one micro-batch, kept for backward)");
+  row("  workspace", format_bytes(static_cast<double>(m.workspace)), "");
+  row("available per rank",
+      available_per_rank ? format_bytes(static_cast<double>(available_per_rank)) : "unknown", "");
+  row("all-reduce per step", format_bytes(plan.comm_bytes_per_step),
+      "(data-parallel gradients, ring estimate, per rank)");
+  return out;
+}
+
+}  // namespace dst::model

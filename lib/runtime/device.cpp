@@ -1,0 +1,74 @@
+#include "runtime/device.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "core/error.hpp"
+
+#if DSTRAIN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace dst::runtime {
+
+std::pair<std::uint64_t, std::uint64_t> host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t value = 0;
+  std::string unit;
+  std::uint64_t total = 0, avail = 0;
+  while (in >> key >> value >> unit) {
+    if (key == "MemTotal:") total = value * 1024;
+    if (key == "MemAvailable:") avail = value * 1024;
+  }
+  return {total, avail};
+}
+
+namespace {
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "host CPU";
+}
+}  // namespace
+
+DeviceInfo select_device(int local_rank, int local_size) {
+  DeviceInfo info;
+#if DSTRAIN_HAVE_CUDA
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess || count == 0)
+    throw Error(std::string("start-up: this is a CUDA build but no CUDA device is usable: ") +
+                (rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices"));
+  info.kind = "cuda";
+  info.index = local_rank % count;
+  if (cudaSetDevice(info.index) != cudaSuccess)
+    throw Error("start-up: cudaSetDevice(" + std::to_string(info.index) + ") failed");
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, info.index);
+  info.name = prop.name;
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  info.memory_bytes = total_b;
+  const int sharing = (local_size + count - 1) / count;
+  info.available_bytes_per_rank = free_b / static_cast<std::uint64_t>(sharing);
+#else
+  (void)local_rank;
+  const auto [total, avail] = host_memory();
+  info.kind = "host";
+  info.name = cpu_model();
+  info.memory_bytes = total;
+  info.available_bytes_per_rank =
+      avail / static_cast<std::uint64_t>(local_size > 0 ? local_size : 1);
+#endif
+  return info;
+}
+
+}  // namespace dst::runtime

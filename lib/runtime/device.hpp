@@ -1,0 +1,16 @@
+#pragma once
+/// \file device.hpp
+/// The device a rank drives: on CUDA builds GPU (local rank mod device count), bound
+/// with cudaSetDevice; otherwise the host.
+
+#include "runtime/runtime.hpp"
+
+namespace dst::runtime {
+
+/// Chooses and binds this rank's device; throws dst::Error if a CUDA build finds none.
+DeviceInfo select_device(int local_rank, int local_size);
+
+/// Host memory: {MemTotal, MemAvailable} in bytes from /proc/meminfo ({0,0} if unknown).
+std::pair<std::uint64_t, std::uint64_t> host_memory();
+
+}  // namespace dst::runtime

@@ -1,0 +1,297 @@
+#include "runtime/runtime.hpp"
+
+#include <hdf5.h>
+#include <unistd.h>
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "core/log.hpp"
+#include "core/version.hpp"
+#include "runtime/device.hpp"
+#include "runtime/mpi_check.hpp"
+#include "runtime/mpi_wait.hpp"
+
+namespace dst::runtime {
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+bool mpi_is_up() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+/// Blocking reductions at start-up go through a non-blocking call plus the deadline poll.
+int allreduce_int(MPI_Comm comm, int value, MPI_Op op, double timeout_s, const std::string& what) {
+  int result = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  DST_MPI_CHECK(MPI_Iallreduce(&value, &result, 1, MPI_INT, op, comm, &req));
+  wait_with_deadline(req, timeout_s, [&] { return "start-up: " + what; });
+  return result;
+}
+
+}  // namespace
+
+Runtime::Runtime(int& argc, char**& argv, double init_timeout_s)
+    : watchdog_(std::make_unique<StartupWatchdog>()), init_timeout_s_(init_timeout_s) {
+  {
+    StartupStep step(*watchdog_, "MPI_Init_thread", init_timeout_s_);
+    // MULTIPLE lets monitor threads (watchdog, prefetching reader) coexist with the
+    // training loop's MPI calls; FUNNELED is the least we can work with.
+    const int rc = MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level_);
+    if (rc != MPI_SUCCESS)
+      throw Error("start-up: MPI_Init_thread failed (code " + std::to_string(rc) + ")");
+    DST_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    DST_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &node_.world_rank));
+    DST_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &node_.world_size));
+    log::set_rank(node_.world_rank);
+    if (thread_level_ < MPI_THREAD_FUNNELED)
+      throw Error("start-up: the MPI library provides thread level " + thread_level() +
+                  ", dstrain needs at least MPI_THREAD_FUNNELED");
+  }
+  maybe_stall_for_test(node_.world_rank, "node-local rank");
+  {
+    StartupStep step(*watchdog_, "node-local rank (MPI_Comm_split_type)", init_timeout_s_);
+    node_.hostname = host_name();
+    MPI_Comm local = MPI_COMM_NULL;
+    DST_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, node_.world_rank,
+                                      MPI_INFO_NULL, &local));
+    DST_MPI_CHECK(MPI_Comm_rank(local, &node_.local_rank));
+    DST_MPI_CHECK(MPI_Comm_size(local, &node_.local_size));
+    DST_MPI_CHECK(MPI_Comm_free(&local));
+    node_.num_nodes = allreduce_int(MPI_COMM_WORLD, node_.local_rank == 0 ? 1 : 0, MPI_SUM,
+                                    init_timeout_s_, "count of nodes");
+    node_.max_ranks_per_node =
+        allreduce_int(MPI_COMM_WORLD, node_.local_size, MPI_MAX, init_timeout_s_, "ranks per node");
+  }
+  {
+    StartupStep step(*watchdog_, "device selection", init_timeout_s_);
+    device_ = select_device(node_.local_rank, node_.local_size);
+  }
+  {
+    StartupStep step(*watchdog_, "Kokkos::initialize", init_timeout_s_);
+    // Kokkos parses its own --kokkos-* flags; hand it only the program name so our
+    // command line is never reinterpreted (settings come from KOKKOS_* variables).
+    int kargc = 1;
+    char* kargv[] = {argv[0], nullptr};
+    Kokkos::initialize(kargc, kargv);
+    kokkos_initialized_ = true;
+  }
+}
+
+Runtime::~Runtime() {
+  if (kokkos_initialized_) Kokkos::finalize();
+  if (mpi_is_up()) MPI_Finalize();
+}
+
+std::string Runtime::thread_level() const {
+  switch (thread_level_) {
+    case MPI_THREAD_SINGLE:
+      return "single";
+    case MPI_THREAD_FUNNELED:
+      return "funneled";
+    case MPI_THREAD_SERIALIZED:
+      return "serialized";
+    case MPI_THREAD_MULTIPLE:
+      return "multiple";
+  }
+  return "unknown";
+}
+
+std::string Runtime::kokkos_space() const {
+  return Kokkos::DefaultExecutionSpace::name();
+}
+
+void agree_or_fail(MPI_Comm comm, bool ok, const std::string& message, int exit_code,
+                   double timeout_s, const std::string& step) {
+  int rank = 0;
+  int size = 1;
+  DST_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  DST_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const int failed = allreduce_int(comm, ok ? 0 : 1, MPI_SUM, timeout_s, step + " (agreement)");
+  if (failed == 0) return;
+  const int first =
+      allreduce_int(comm, ok ? INT_MAX : rank, MPI_MIN, timeout_s, step + " (agreement)");
+  if (rank == first) {
+    std::string line = message;
+    if (failed == size && size > 1)
+      line += " (same step failed on all " + std::to_string(size) + " ranks)";
+    else if (failed > 1)
+      line += " (" + std::to_string(failed) + " of " + std::to_string(size) + " ranks failed)";
+    log::error(line);
+  }
+  throw JobFailed(exit_code);
+}
+
+config::RunConfig load_deck_collectively(Runtime& rt, const std::string& path,
+                                         const std::vector<config::Override>& overrides) {
+  const double timeout = rt.init_timeout_s();
+  std::string text;
+  std::string read_error;
+  {
+    StartupStep step(rt.watchdog(), "deck read", timeout);
+    if (rt.rank() == 0) {
+      try {
+        text = config::read_deck_file(path);
+      } catch (const Error& e) {
+        read_error = e.what();
+      }
+    }
+  }
+  // Broadcast (status, length, text) under the deadline: a missing rank ends the job
+  // with the step named instead of hanging.
+  maybe_stall_for_test(rt.rank(), "deck broadcast");
+  {
+    StartupStep step(rt.watchdog(), "deck broadcast", 0.0);  // polled below
+    long long header[2] = {read_error.empty() ? 1 : 0, static_cast<long long>(text.size())};
+    MPI_Request req = MPI_REQUEST_NULL;
+    DST_MPI_CHECK(MPI_Ibcast(header, 2, MPI_LONG_LONG, 0, rt.world(), &req));
+    wait_with_deadline(req, timeout,
+                       [] { return std::string("start-up: deck broadcast (header)"); });
+    if (header[0] == 0) {
+      agree_or_fail(rt.world(), rt.rank() != 0, "invalid run deck: " + read_error, kExitDeck,
+                    timeout, "deck read");
+    }
+    text.resize(static_cast<std::size_t>(header[1]));
+    if (header[1] > 0) {
+      DST_MPI_CHECK(
+          MPI_Ibcast(text.data(), static_cast<int>(header[1]), MPI_CHAR, 0, rt.world(), &req));
+      wait_with_deadline(req, timeout, [&] {
+        return "start-up: deck broadcast (" + std::to_string(header[1]) + " B)";
+      });
+    }
+  }
+  config::RunConfig cfg;
+  std::string parse_error;
+  try {
+    cfg = config::load_deck_text(text, path, overrides);
+  } catch (const Error& e) {
+    parse_error = e.what();
+  }
+  agree_or_fail(rt.world(), parse_error.empty(), "invalid run deck: " + parse_error, kExitDeck,
+                timeout, "deck parse");
+  return cfg;
+}
+
+void abort_job(const std::string& message, int exit_code) {
+  log::error(message);
+  std::fflush(nullptr);
+  if (mpi_is_up()) {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
+    MPI_Finalize();  // one rank: a clean exit with our own code is clearer than MPI_Abort
+  }
+  std::_Exit(exit_code);
+}
+
+std::vector<std::pair<std::string, std::string>> library_versions() {
+  std::vector<std::pair<std::string, std::string>> out;
+  {
+    std::ostringstream os;
+    const int v = KOKKOS_VERSION;  // 30401 or 40xyy: major*10000 + minor*100 + patch
+    os << v / 10000 << "." << (v / 100) % 100 << "." << v % 100 << " ("
+       << Kokkos::DefaultExecutionSpace::name() << ")";
+    out.emplace_back("Kokkos", os.str());
+  }
+  {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    MPI_Get_library_version(text, &len);
+    std::string s(text, static_cast<std::size_t>(len));
+    const auto nl = s.find_first_of("\r\n,");
+    out.emplace_back("MPI", s.substr(0, nl));
+  }
+  {
+    unsigned maj = 0, min = 0, rel = 0;
+    H5get_libversion(&maj, &min, &rel);
+    std::ostringstream os;
+    os << maj << "." << min << "." << rel;
+#ifdef H5_HAVE_PARALLEL
+    os << " (parallel)";
+#else
+    os << " (serial)";
+#endif
+    out.emplace_back("HDF5", os.str());
+  }
+  return out;
+}
+
+Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device) {
+  Backends b;
+  const bool on_gpu = device.kind == "cuda";
+  const auto& comm = config.parallel.backend;
+  if (comm == "auto") {
+    b.comm = (on_gpu && core::built_with_nccl()) ? "nccl" : "mpi";
+  } else if (comm == "nccl" && !core::built_with_nccl()) {
+    throw DeckError("parallel.backend", "",
+                    "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI only "
+                    "(use 'mpi' or 'auto')");
+  } else {
+    b.comm = comm;
+  }
+  const auto& kern = config.kernels.backend;
+  if (kern == "auto") {
+    b.kernels = on_gpu ? "cuda" : "kokkos";
+  } else if (kern == "cuda" && !on_gpu) {
+    throw DeckError(
+        "kernels.backend", "",
+        core::built_with_cuda()
+            ? "'cuda' but this rank has no CUDA device (use 'kokkos' or 'auto')"
+            : "'cuda' needs a build with DSTRAIN_ENABLE_CUDA=ON (use 'kokkos' or 'auto')");
+  } else {
+    b.kernels = kern;
+  }
+  return b;
+}
+
+std::string describe_layout(const Runtime& rt, const config::Layout& layout, const Backends& b) {
+  const auto& n = rt.node();
+  std::ostringstream os;
+  os << "layout: " << n.world_size << " rank" << (n.world_size == 1 ? "" : "s") << " on "
+     << n.num_nodes << " node" << (n.num_nodes == 1 ? "" : "s") << " (up to "
+     << n.max_ranks_per_node << " per node) | data " << layout.data << " x tensor " << layout.tensor
+     << " x pipeline " << layout.pipeline << " | comm " << b.comm << " | kernels " << b.kernels
+     << " (Kokkos " << rt.kokkos_space() << ") | device " << rt.device().kind;
+  if (!rt.device().name.empty()) os << " (" << rt.device().name << ")";
+  os << " | MPI threads " << rt.thread_level();
+  return os.str();
+}
+
+int rank_from_environment() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(var)) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
+    }
+  }
+  return -1;
+}
+
+void maybe_stall_for_test(int rank, const std::string& step) {
+  const char* r = std::getenv("DSTRAIN_DEBUG_STALL_RANK");
+  const char* s = std::getenv("DSTRAIN_DEBUG_STALL_STEP");
+  if (!r || !s || std::atoi(r) != rank || step != s) return;
+  log::warn("fault injection: stalling in start-up step '" + step + "' (DSTRAIN_DEBUG_STALL_*)");
+  std::this_thread::sleep_for(std::chrono::seconds(600));
+}
+
+}  // namespace dst::runtime

@@ -1,0 +1,858 @@
+// Run deck: parsing, validation messages, overrides, presets, layout, YAML round trip,
+// schema-generated docs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/deck.hpp"
+#include "config/run_config.hpp"
+#include "core/error.hpp"
+
+namespace {
+
+using dst::DeckError;
+using dst::config::Layout;
+using dst::config::load_deck_text;
+using dst::config::Override;
+using dst::config::parse_override;
+using dst::config::RunConfig;
+
+std::vector<Override> overrides_of(const std::vector<std::string>& sets) {
+  std::vector<Override> out;
+  for (const std::string& s : sets)
+    out.push_back(parse_override(s));
+  return out;
+}
+
+RunConfig load(std::string_view text, const std::vector<std::string>& sets = {}) {
+  return load_deck_text(text, "deck.yaml", overrides_of(sets));
+}
+
+// The message of the DeckError loading throws, or a marker that fails every substring
+// check.
+std::string load_error(std::string_view text, const std::vector<std::string>& sets = {}) {
+  try {
+    load(text, sets);
+  } catch (const DeckError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+::testing::AssertionResult Lacks(const std::string& text, const std::string& part) {
+  if (text.find(part) == std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' contains '" << part << "'";
+}
+
+// The example deck of the design notes (DECK.md), without grad_accum_steps: giving it
+// together with global_batch_size is an error.
+constexpr const char* kExampleDeck = R"(run:
+  name: tiny-demo
+  seed: 1234
+  output_dir: runs/tiny-demo
+
+model:
+  preset: tiny
+  vocab_size: 260
+  d_model: 256
+  n_layers: 4
+  n_heads: 4
+  n_kv_heads: 4
+  ffn_dim: 688
+  max_seq_len: 256
+  rope_theta: 10000.0
+  norm_eps: 1.0e-6
+  tie_embeddings: false
+
+data:
+  train: data/train-*.h5
+  valid: data/valid.h5
+  seq_len: 256
+
+training:
+  max_steps: 200
+  global_batch_size: 16      # sequences per optimizer step
+  micro_batch_size: 8
+  precision: fp32
+  grad_clip: 1.0
+  optimizer: {type: adamw, lr: 3.0e-4, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: 0.1}
+  schedule:  {type: cosine, warmup_steps: 20, min_lr_ratio: 0.1, world_size_scaling: none, reference_world_size: 1}
+
+parallel:
+  data: auto
+  tensor: 1
+  pipeline: 1
+  backend: auto
+  bucket_mb: 25
+  timeout_s: 600
+  init_timeout_s: 300
+
+kernels:
+  backend: auto
+
+checkpoint:
+  every_steps: 100
+  keep_last: 3
+  resume: auto
+
+logging:
+  every_steps: 10
+  metrics_file: metrics.jsonl
+
+eval:
+  every_steps: 100
+  batches: 10
+
+debug:
+  deterministic: true
+  consistency_every: 100
+  nan_policy: abort
+  inject_nan_step: -1
+  inject_hang_rank: -1
+  inject_exit_rank: -1
+  inject_exit_in_checkpoint: false
+  inject_read_delay_ms: 0
+)";
+
+// ---------------------------------------------------------------------------------------
+// Parsing and defaults
+// ---------------------------------------------------------------------------------------
+
+TEST(Deck, ExampleDeckLoads) {
+  const RunConfig c = load(kExampleDeck);
+  EXPECT_EQ(c.run.name, "tiny-demo");
+  EXPECT_EQ(c.run.output_dir, "runs/tiny-demo");
+  EXPECT_EQ(c.data.train, "data/train-*.h5");
+  EXPECT_EQ(c.training.optimizer.lr, 3.0e-4);  // exact: parsed from the same decimal text
+  EXPECT_EQ(c.training.optimizer.betas[1], 0.95);
+  EXPECT_EQ(c.parallel.data, 0);
+  EXPECT_EQ(c.parallel.bucket_mb, 25.0);
+  RunConfig expected;
+  expected.run.name = "tiny-demo";
+  expected.run.output_dir = "runs/tiny-demo";
+  expected.data.train = "data/train-*.h5";
+  expected.data.valid = "data/valid.h5";
+  EXPECT_EQ(c, expected);
+}
+
+TEST(Deck, MinimalDeckGivesDefaults) {
+  EXPECT_EQ(load("run: {}\n"), RunConfig{});
+  EXPECT_EQ(load("training:\n"), RunConfig{});  // an empty section is allowed
+}
+
+TEST(Deck, ScalarsFollowYamlCoreSchema) {
+  const RunConfig c = load(
+      "run: {name: 2024, seed: 0x10}\n"
+      "debug: {deterministic: False, inject_nan_step: +7}\n"
+      "training: {max_steps: 030, optimizer: {lr: 1}}\n");
+  EXPECT_EQ(c.run.name, "2024");  // a number where a string is expected keeps its text
+  EXPECT_EQ(c.run.seed, 16u);
+  EXPECT_FALSE(c.debug.deterministic);
+  EXPECT_EQ(c.debug.inject_nan_step, 7);
+  EXPECT_EQ(c.training.max_steps, 30);  // YAML 1.2: decimal, not octal
+  EXPECT_EQ(c.training.optimizer.lr, 1.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Error classes
+// ---------------------------------------------------------------------------------------
+
+TEST(DeckErrors, SyntaxErrorHasLocation) {
+  EXPECT_EQ(load_error("run:\n  name: x\ntraining: {max_steps: 10\n"),
+            "deck.yaml:3:11: unclosed '{' (a flow collection must be closed)");
+  const std::string e = load_error("run:\n  name: x\ntraining: {max_steps: 10]\n");
+  EXPECT_TRUE(Contains(e, "deck.yaml:3:"));
+  EXPECT_TRUE(Contains(e, "YAML syntax error"));
+  const std::string e2 = load_error("run:\n  name: a: b\n");
+  EXPECT_TRUE(Contains(e2, "deck.yaml:2:")) << e2;
+  EXPECT_TRUE(Contains(e2, "YAML syntax error"));
+}
+
+TEST(DeckErrors, UnknownKeyWithSuggestion) {
+  EXPECT_EQ(load_error("training:\n  max_steps: 10\n  max_stpes: 10\n"),
+            "deck.yaml:3:3: training.max_stpes: unknown key (did you mean 'training.max_steps'?)");
+  EXPECT_TRUE(Contains(load_error("model:\n  n_head: 4\n"), "did you mean 'model.n_heads'?"));
+  // A key of the same name in another section is suggested too.
+  EXPECT_TRUE(
+      Contains(load_error("training:\n  lr: 0.1\n"), "did you mean 'training.optimizer.lr'?"));
+}
+
+TEST(DeckErrors, UnknownSection) {
+  EXPECT_EQ(load_error("trainig:\n  max_steps: 10\n"),
+            "deck.yaml:1:1: trainig: unknown key (did you mean 'training'?)");
+  const std::string e = load_error("run: {}\nbogus_section:\n  x: 1\n");
+  EXPECT_EQ(e, "deck.yaml:2:1: bogus_section: unknown key");
+}
+
+TEST(DeckErrors, UnknownNestedKeyWithoutCloseMatch) {
+  const std::string e = load_error("training:\n  optimizer:\n    foo: 1\n");
+  EXPECT_TRUE(Contains(e, "deck.yaml:3:5: training.optimizer.foo: unknown key"));
+  EXPECT_TRUE(Lacks(e, "did you mean"));
+}
+
+TEST(DeckErrors, DottedKeyIsNotExpanded) {
+  const std::string e = load_error("training.max_steps: 10\n");
+  EXPECT_TRUE(Contains(e, "deck.yaml:1:1: training.max_steps: unknown key"));
+  EXPECT_TRUE(Contains(e, "nest them"));
+}
+
+TEST(DeckErrors, WrongTypes) {
+  struct Case {
+    const char* deck;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"training:\n  max_steps: abc\n",
+       "deck.yaml:2:14: training.max_steps: expected an integer, got 'abc'"},
+      {"training:\n  max_steps: {a: 1}\n",
+       "deck.yaml:2:14: training.max_steps: expected an integer, got a mapping"},
+      {"training:\n  max_steps: [1]\n",
+       "deck.yaml:2:14: training.max_steps: expected an integer, got a list"},
+      {"training:\n  max_steps: 1.5\n",
+       "deck.yaml:2:14: training.max_steps: expected an integer, got 1.5 (a number with a "
+       "fraction or exponent)"},
+      {"training:\n  max_steps: 1e3\n", "training.max_steps: expected an integer, got 1e3"},
+      {"training:\n  max_steps: \"10\"\n",
+       "training.max_steps: expected an integer, got the quoted string '10'"},
+      {"training:\n  max_steps:\n", "training.max_steps: expected an integer, got null"},
+      {"training:\n  max_steps: 99999999999999999999\n",
+       "training.max_steps: integer '99999999999999999999' is out of range"},
+      {"debug:\n  deterministic: yes\n",
+       "deck.yaml:2:18: debug.deterministic: expected a boolean (true or false), got 'yes'"},
+      {"debug:\n  deterministic: no\n", "expected a boolean (true or false), got 'no'"},
+      {"debug:\n  deterministic: 1\n", "expected a boolean (true or false), got '1'"},
+      {"training:\n  optimizer:\n    lr: fast\n",
+       "deck.yaml:3:9: training.optimizer.lr: expected a number, got 'fast'"},
+      {"training:\n  optimizer:\n    lr: .nan\n",
+       "training.optimizer.lr: must be a finite number, got .nan"},
+      {"training:\n  optimizer:\n    lr: -.inf\n",
+       "training.optimizer.lr: must be a finite number"},
+      {"training:\n  optimizer:\n    lr: 1e999\n",
+       "training.optimizer.lr: number '1e999' is out of range"},
+      {"training:\n  optimizer:\n    betas: 0.9\n",
+       "training.optimizer.betas: expected a list of 2 numbers, got '0.9'"},
+      {"training:\n  optimizer:\n    betas: [0.9, 0.95, 0.99]\n",
+       "training.optimizer.betas: expected a list of 2 numbers, got 3 of them"},
+      {"training:\n  optimizer:\n    betas: [0.9, x]\n",
+       "training.optimizer.betas[1]: expected a number, got 'x'"},
+      {"run:\n  name: {a: 1}\n", "deck.yaml:2:9: run.name: expected a string, got a mapping"},
+      {"training: 5\n", "deck.yaml:1:11: training: expected a section (a mapping), got '5'"},
+      {"model:\n  - a\n", "model: expected a section (a mapping), got a list"},
+      {"run:\n  seed: -1\n", "deck.yaml:2:9: run.seed: must be >= 0, got -1"},
+      {"parallel:\n  data: many\n", "parallel.data: expected an integer or auto, got 'many'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.deck);
+    EXPECT_TRUE(Contains(load_error(c.deck), c.message));
+  }
+}
+
+TEST(DeckErrors, OutOfRange) {
+  struct Case {
+    const char* deck;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"training:\n  max_steps: -5\n", "deck.yaml:2:14: training.max_steps: must be >= 1, got -5"},
+      {"training:\n  optimizer:\n    lr: 0\n", "training.optimizer.lr: must be > 0, got 0"},
+      {"training:\n  optimizer:\n    lr: -1e-3\n",
+       "training.optimizer.lr: must be > 0, got -0.001"},
+      {"training:\n  optimizer:\n    betas: [0.9, 1.0]\n",
+       "training.optimizer.betas: training.optimizer.betas[1] must be in [0, 1), got 1"},
+      {"training:\n  optimizer:\n    betas: [-0.1, 0.9]\n",
+       "training.optimizer.betas[0] must be in [0, 1), got -0.1"},
+      {"training:\n  schedule:\n    min_lr_ratio: 1.5\n",
+       "training.schedule.min_lr_ratio: must be in [0, 1], got 1.5"},
+      {"training:\n  schedule:\n    milestones: [0.5, 1.0]\n    factors: [0.5, 0.1]\n",
+       "training.schedule.milestones[1] must be in (0, 1), got 1"},
+      {"training:\n  schedule:\n    milestones: [0.6, 0.5]\n    factors: [0.5, 0.1]\n",
+       "training.schedule.milestones: must be strictly increasing, got 0.6 then 0.5"},
+      {"training:\n  schedule:\n    factors: [0.5, 0]\n",
+       "training.schedule.factors[1] must be > 0, got 0"},
+      {"parallel:\n  timeout_s: 0\n", "parallel.timeout_s: must be in (0, 1000000], got 0"},
+      {"parallel:\n  init_timeout_s: -3\n", "parallel.init_timeout_s: must be in (0, 1000000]"},
+      {"parallel:\n  bucket_mb: 0\n", "parallel.bucket_mb: must be > 0, got 0"},
+      {"parallel:\n  tensor: 0\n", "parallel.tensor: must be in [1, 2147483647], got 0"},
+      {"parallel:\n  data: -2\n", "parallel.data: must be in [1, 2147483647] or auto, got -2"},
+      {"model:\n  vocab_size: 0\n", "deck.yaml:2:15: model.vocab_size: must be in [1, 2147483647]"},
+      {"model:\n  norm_eps: 0\n", "model.norm_eps: must be > 0"},
+      {"training:\n  micro_batch_size: 0\n", "training.micro_batch_size: must be in [1, "},
+      {"training:\n  global_batch_size: -16\n", "training.global_batch_size: must be >= 0"},
+      {"training:\n  grad_clip: -1\n", "training.grad_clip: must be >= 0"},
+      {"checkpoint:\n  keep_last: 0\n", "checkpoint.keep_last: must be >= 1"},
+      {"checkpoint:\n  resume: ''\n", "checkpoint.resume: must not be empty"},
+      {"debug:\n  inject_nan_step: -2\n", "debug.inject_nan_step: must be >= -1, got -2"},
+      {"run:\n  output_dir: \"\"\n", "run.output_dir: must not be empty"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.deck);
+    EXPECT_TRUE(Contains(load_error(c.deck), c.message));
+  }
+}
+
+TEST(DeckErrors, EnumValuesListAllowed) {
+  EXPECT_EQ(load_error("training:\n  precision: fp8\n"),
+            "deck.yaml:2:14: training.precision: expected one of fp32, bf16, fp16, got 'fp8'");
+  EXPECT_TRUE(Contains(load_error("training:\n  schedule: {type: step}\n"),
+                       "expected one of constant, cosine, linear, inverse_sqrt, multistep"));
+  EXPECT_TRUE(Contains(load_error("parallel:\n  backend: gloo\n"),
+                       "parallel.backend: expected one of auto, mpi, nccl, got 'gloo'"));
+  EXPECT_TRUE(Contains(load_error("kernels:\n  backend: hip\n"), "auto, kokkos, cuda"));
+  EXPECT_TRUE(Contains(load_error("debug:\n  nan_policy: ignore\n"), "abort, skip"));
+  EXPECT_TRUE(Contains(load_error("training:\n  optimizer: {type: sgd}\n"), "one of adamw"));
+  EXPECT_TRUE(Contains(load_error("training:\n  schedule: {world_size_scaling: log}\n"),
+                       "none, linear, sqrt"));
+  EXPECT_TRUE(Contains(load_error("training:\n  precision:\n"), "got null"));
+}
+
+TEST(DeckErrors, UnknownPresetListsPresets) {
+  EXPECT_EQ(load_error("model:\n  preset: huge\n"),
+            "deck.yaml:2:11: model.preset: unknown preset 'huge' (presets: tiny, small, "
+            "deepseek-llm-7b, deepseek-llm-67b)");
+}
+
+TEST(DeckErrors, InconsistentCombinationsNameEveryKey) {
+  struct Case {
+    const char* deck;
+    std::vector<std::string> parts;
+  };
+  const Case cases[] = {
+      {"model:\n  d_model: 100\n  n_heads: 3\n",
+       {"deck.yaml:2:", "model.d_model (100) is not divisible by model.n_heads (3)"}},
+      {"model:\n  d_model: 20\n  n_heads: 4\n  n_kv_heads: 1\n",
+       {"model.d_model / model.n_heads", "= 5 is odd", "RoPE"}},
+      {"model:\n  n_heads: 8\n  n_kv_heads: 3\n",
+       {"deck.yaml:3:", "model.n_heads (8) is not divisible by model.n_kv_heads (3)"}},
+      {"data:\n  seq_len: 512\n",
+       {"deck.yaml:2:12: data.seq_len:", "data.seq_len (512) exceeds model.max_seq_len (256)"}},
+      {"training:\n  global_batch_size: 10\n  micro_batch_size: 4\n",
+       {"deck.yaml:2:",
+        "training.global_batch_size (10) is not a multiple of "
+        "training.micro_batch_size (4)"}},
+      {"training:\n  global_batch_size: 16\n  grad_accum_steps: 2\n",
+       {"deck.yaml:3:",
+        "training.global_batch_size (16) and training.grad_accum_steps (2) are "
+        "both set"}},
+      {"training:\n  global_batch_size: 0\n",
+       {"training.global_batch_size is 0", "training.grad_accum_steps is not set"}},
+      {"training:\n  schedule:\n    milestones: [0.5]\n",
+       {"training.schedule.milestones has 1 entries but training.schedule.factors has 2"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.deck);
+    const std::string e = load_error(c.deck);
+    for (const std::string& p : c.parts)
+      EXPECT_TRUE(Contains(e, p));
+  }
+  // A preset's max_seq_len takes part like an explicit one.
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny}\ndata: {seq_len: 4096}\n"),
+                       "data.seq_len (4096) exceeds model.max_seq_len (256)"));
+}
+
+TEST(DeckErrors, YamlFeaturesDecksRefuse) {
+  EXPECT_TRUE(Contains(load_error("run:\n  name: a\n  name: b\n"),
+                       "deck.yaml:3:3: duplicate key 'name' (first given at deck.yaml:2:3)"));
+  EXPECT_TRUE(Contains(load_error("run: &r {name: a}\n"), "anchors"));
+  // An alias needs an anchor, so yaml-cpp refuses it first (undefined anchor).
+  EXPECT_TRUE(Contains(load_error("run: {name: a}\nmodel: *r\n"), "anchor"));
+  EXPECT_TRUE(
+      Contains(load_error("run: {name: a}\n---\nrun: {}\n"), "more than one YAML document"));
+  EXPECT_TRUE(Contains(load_error("run: {seed: !!int 5}\n"), "explicit YAML tag"));
+  EXPECT_TRUE(Contains(load_error("? [a, b]\n: 1\n"), "keys must be names"));
+  // !!str is the one tag allowed: it makes a string, not a number.
+  EXPECT_EQ(load("run: {name: !!str 5}\n").run.name, "5");
+}
+
+TEST(DeckErrors, ValidateChecksConfigsBuiltInCode) {
+  RunConfig c;
+  EXPECT_NO_THROW(dst::config::validate(c));
+  c.training.optimizer.lr = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(dst::config::validate(c), DeckError);
+  c = RunConfig{};
+  c.model.n_kv_heads = 3;
+  try {
+    dst::config::validate(c);
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_EQ(e.key(), "model.n_kv_heads");
+    EXPECT_EQ(e.where(), "");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Overrides
+// ---------------------------------------------------------------------------------------
+
+TEST(DeckOverrides, ParseOverride) {
+  const Override o = parse_override("training.max_steps=10");
+  EXPECT_EQ(o.path, "training.max_steps");
+  EXPECT_EQ(o.value, "10");
+  EXPECT_EQ(o.text, "training.max_steps=10");
+  EXPECT_EQ(parse_override("run.name=a=b").value, "a=b");
+  EXPECT_EQ(parse_override("data.train=").value, "");
+  EXPECT_THROW(parse_override("training.max_steps"), DeckError);
+  EXPECT_THROW(parse_override("=10"), DeckError);
+  EXPECT_THROW(parse_override("training..max_steps=10"), DeckError);
+  EXPECT_THROW(parse_override("training.=10"), DeckError);
+  try {
+    parse_override("max_steps");
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_TRUE(Contains(e.what(), "--set max_steps: expected path=value"));
+  }
+}
+
+TEST(DeckOverrides, ValidOverridesWin) {
+  const RunConfig c =
+      load(kExampleDeck,
+           {"training.max_steps=10", "training.schedule.warmup_steps=5",
+            "training.optimizer.betas=[0.8, 0.9]", "run.name='my run'", "parallel.data=2"});
+  EXPECT_EQ(c.training.max_steps, 10);
+  EXPECT_EQ(c.training.optimizer.betas[0], 0.8);
+  EXPECT_EQ(c.training.optimizer.betas[1], 0.9);
+  EXPECT_EQ(c.run.name, "my run");
+  EXPECT_EQ(c.parallel.data, 2);
+  // Later overrides win over earlier ones.
+  EXPECT_EQ(load("run: {}\n", {"run.seed=1", "run.seed=2"}).run.seed, 2u);
+}
+
+TEST(DeckOverrides, CreatesMissingSections) {
+  const RunConfig c = load("run: {}\n", {"training.optimizer.lr=0.01", "debug.nan_policy=skip"});
+  EXPECT_EQ(c.training.optimizer.lr, 0.01);
+  EXPECT_EQ(c.debug.nan_policy, "skip");
+  EXPECT_EQ(load("training:\n", {"training.max_steps=50"}).training.max_steps, 50);
+}
+
+TEST(DeckOverrides, ErrorsNameTheOverride) {
+  EXPECT_EQ(load_error(kExampleDeck, {"training.max_steps=abc"}),
+            "--set training.max_steps=abc: training.max_steps: expected an integer, got 'abc'");
+  EXPECT_EQ(load_error(kExampleDeck, {"training.max_stpes=10"}),
+            "--set training.max_stpes=10: training.max_stpes: unknown key (did you mean "
+            "'training.max_steps'?)");
+  EXPECT_EQ(load_error("run: {}\n", {"bogus.x=1"}), "--set bogus.x=1: bogus: unknown key");
+  EXPECT_EQ(load_error(kExampleDeck, {"training.max_steps=-1"}),
+            "--set training.max_steps=-1: training.max_steps: must be >= 1, got -1");
+  EXPECT_TRUE(Contains(load_error(kExampleDeck, {"training.optimizer.betas=[0.9"}),
+                       "--set training.optimizer.betas=[0.9: unclosed '['"));
+  EXPECT_EQ(load_error(kExampleDeck, {"run.name.first=x"}),
+            "--set run.name.first=x: run.name: is a value, not a section; cannot set 'first' "
+            "inside it");
+  EXPECT_TRUE(Contains(load_error(kExampleDeck, {"debug.deterministic=yes"}),
+                       "--set debug.deterministic=yes: debug.deterministic: expected a boolean"));
+  // Combination errors point at the override that broke the combination.
+  EXPECT_TRUE(Contains(load_error(kExampleDeck, {"training.grad_accum_steps=2"}),
+                       "--set training.grad_accum_steps=2: training.grad_accum_steps:"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Presets
+// ---------------------------------------------------------------------------------------
+
+TEST(DeckPresets, PresetFillsModelSection) {
+  const RunConfig c = load("model:\n  preset: deepseek-llm-67b\n");
+  EXPECT_EQ(c.model.preset, "deepseek-llm-67b");
+  EXPECT_EQ(c.model.vocab_size, 102400);
+  EXPECT_EQ(c.model.d_model, 8192);
+  EXPECT_EQ(c.model.n_layers, 95);
+  EXPECT_EQ(c.model.n_heads, 64);
+  EXPECT_EQ(c.model.n_kv_heads, 8);
+  EXPECT_EQ(c.model.ffn_dim, 22016);
+  EXPECT_EQ(c.model.max_seq_len, 4096);
+  EXPECT_EQ(c.data.seq_len, 4096);  // defaults to the model's max_seq_len
+
+  const RunConfig s = load("model: {preset: small}\n");
+  EXPECT_EQ(s.model.vocab_size, 4096);
+  EXPECT_EQ(s.model.d_model, 512);
+  EXPECT_EQ(s.model.n_layers, 8);
+  EXPECT_EQ(s.model.ffn_dim, 1376);
+  EXPECT_EQ(s.data.seq_len, 512);
+
+  const RunConfig b = load("model: {preset: deepseek-llm-7b}\n");
+  EXPECT_EQ(b.model.n_layers, 30);
+  EXPECT_EQ(b.model.n_kv_heads, 32);
+  EXPECT_EQ(b.model.ffn_dim, 11008);
+  EXPECT_EQ(b.model.rope_theta, 10000.0);
+  EXPECT_EQ(b.model.norm_eps, 1e-6);
+}
+
+TEST(DeckPresets, ExplicitKeysAndOverridesWin) {
+  const RunConfig c = load("model:\n  preset: small\n  n_layers: 2\ndata: {seq_len: 128}\n",
+                           {"model.d_model=1024"});
+  EXPECT_EQ(c.model.n_layers, 2);
+  EXPECT_EQ(c.model.d_model, 1024);
+  EXPECT_EQ(c.model.vocab_size, 4096);
+  EXPECT_EQ(c.data.seq_len, 128);
+  // The preset itself can be overridden; explicit keys still win over the new preset.
+  const RunConfig d = load("model:\n  preset: tiny\n  n_layers: 3\n", {"model.preset=small"});
+  EXPECT_EQ(d.model.preset, "small");
+  EXPECT_EQ(d.model.d_model, 512);
+  EXPECT_EQ(d.model.n_layers, 3);
+}
+
+TEST(DeckPresets, NamesMatchSchema) {
+  const std::vector<std::string> names = dst::config::preset_names();
+  ASSERT_EQ(names.size(), 4u);
+  for (const auto& k : dst::config::schema_keys()) {
+    if (k.path != "model.preset") continue;
+    for (const std::string& n : names)
+      EXPECT_TRUE(Contains(k.allowed, "`" + n + "`"));
+  }
+  for (const std::string& n : names)
+    EXPECT_EQ(dst::config::preset_model(n).preset, n);
+  EXPECT_THROW(dst::config::preset_model("nope"), DeckError);
+  // Every preset is itself a valid model.
+  for (const std::string& n : names)
+    EXPECT_NO_THROW(load("model: {preset: " + n + "}\n"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Layout
+// ---------------------------------------------------------------------------------------
+
+Layout layout_of(int world, int data, int tensor, int pipeline, std::int64_t accum,
+                 std::int64_t global) {
+  Layout l;
+  l.world_size = world;
+  l.data = data;
+  l.tensor = tensor;
+  l.pipeline = pipeline;
+  l.grad_accum_steps = accum;
+  l.global_batch_size = global;
+  return l;
+}
+
+std::string layout_error(const RunConfig& c, int world) {
+  try {
+    dst::config::resolve_layout(c, world);
+  } catch (const DeckError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(DeckLayout, DataParallelOnOneTwoFourEightRanks) {
+  const RunConfig c = load("training: {global_batch_size: 32, micro_batch_size: 4}\n");
+  using dst::config::resolve_layout;
+  EXPECT_EQ(resolve_layout(c, 1), layout_of(1, 1, 1, 1, 8, 32));
+  EXPECT_EQ(resolve_layout(c, 2), layout_of(2, 2, 1, 1, 4, 32));
+  EXPECT_EQ(resolve_layout(c, 4), layout_of(4, 4, 1, 1, 2, 32));
+  EXPECT_EQ(resolve_layout(c, 8), layout_of(8, 8, 1, 1, 1, 32));
+  const std::string e = layout_error(c, 16);
+  EXPECT_TRUE(Contains(e,
+                       "training.global_batch_size (32) is not divisible by "
+                       "training.micro_batch_size (4) x data-parallel ranks (16) = 64"));
+  EXPECT_TRUE(Contains(e, "world size 16"));
+}
+
+TEST(DeckLayout, TensorParallel) {
+  const RunConfig c =
+      load("parallel: {tensor: 2}\ntraining: {global_batch_size: 16, micro_batch_size: 4}\n");
+  using dst::config::resolve_layout;
+  EXPECT_EQ(resolve_layout(c, 2), layout_of(2, 1, 2, 1, 4, 16));
+  EXPECT_EQ(resolve_layout(c, 4), layout_of(4, 2, 2, 1, 2, 16));
+  EXPECT_EQ(resolve_layout(c, 8), layout_of(8, 4, 2, 1, 1, 16));
+  EXPECT_TRUE(Contains(layout_error(c, 1),
+                       "parallel.tensor (2) x parallel.pipeline (1) = 2 does "
+                       "not divide the world size (1)"));
+  EXPECT_TRUE(Contains(layout_error(c, 3), "does not divide the world size (3)"));
+  const RunConfig fixed = load(
+      "parallel: {tensor: 2, data: 2}\n"
+      "training: {global_batch_size: 16, micro_batch_size: 4}\n");
+  EXPECT_EQ(resolve_layout(fixed, 4), layout_of(4, 2, 2, 1, 2, 16));
+  const std::string e = layout_error(fixed, 8);
+  EXPECT_TRUE(Contains(e,
+                       "parallel.data: parallel.data (2) must be world size / "
+                       "(parallel.tensor x parallel.pipeline) = 8 / 2 = 4"));
+}
+
+TEST(DeckLayout, AccumulationGivenInsteadOfGlobalBatch) {
+  const RunConfig c =
+      load("training: {global_batch_size: 0, grad_accum_steps: 3, micro_batch_size: 2}\n");
+  EXPECT_EQ(dst::config::resolve_layout(c, 4), layout_of(4, 4, 1, 1, 3, 24));
+  EXPECT_EQ(dst::config::resolve_layout(c, 1), layout_of(1, 1, 1, 1, 3, 6));
+  EXPECT_THROW(dst::config::resolve_layout(c, 0), dst::Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// YAML round trip
+// ---------------------------------------------------------------------------------------
+
+// One override per schema key, every value different from its default and from the
+// `small` preset (and valid with any one left out).
+const std::vector<std::string> kEveryKeyChanged = {
+    "run.name='my run: \"x\" #1'",
+    "run.seed=18446744073709551615",
+    "run.output_dir=/scratch/out dir",
+    "model.preset=small",
+    "model.vocab_size=1000",
+    "model.d_model=1024",
+    "model.n_layers=3",
+    "model.n_heads=16",
+    "model.n_kv_heads=2",
+    "model.ffn_dim=1500",
+    "model.max_seq_len=300",
+    "model.rope_theta=500000.0",
+    "model.norm_eps=1e-5",
+    "model.tie_embeddings=true",
+    "data.train=data/train-[0-9]*.h5",
+    "data.valid='123'",
+    "data.seq_len=128",
+    "training.max_steps=300",
+    "training.global_batch_size=0",
+    "training.micro_batch_size=4",
+    "training.grad_accum_steps=3",
+    "training.precision=bf16",
+    "training.grad_clip=0.30000000000000004",
+    "training.optimizer.type=adamw",
+    "training.optimizer.lr=0.1",
+    "training.optimizer.betas=[0.8, 0.999]",
+    "training.optimizer.eps=1e-10",
+    "training.optimizer.weight_decay=0",
+    "training.schedule.type=multistep",
+    "training.schedule.warmup_steps=7",
+    "training.schedule.min_lr_ratio=0.05",
+    "training.schedule.milestones=[0.25, 0.5]",
+    "training.schedule.factors=[0.5, 0.25]",
+    "training.schedule.world_size_scaling=sqrt",
+    "training.schedule.reference_world_size=8",
+    "parallel.data=2",
+    "parallel.tensor=2",
+    "parallel.pipeline=3",
+    "parallel.backend=nccl",
+    "parallel.bucket_mb=12.5",
+    "parallel.timeout_s=30",
+    "parallel.init_timeout_s=45.5",
+    "kernels.backend=cuda",
+    "checkpoint.every_steps=0",
+    "checkpoint.keep_last=1",
+    "checkpoint.resume=/ckpt/step-100",
+    "logging.every_steps=1",
+    "logging.metrics_file=m.jsonl",
+    "eval.every_steps=0",
+    "eval.batches=2",
+    "debug.deterministic=false",
+    "debug.consistency_every=0",
+    "debug.nan_policy=skip",
+    "debug.inject_nan_step=5",
+    "debug.inject_hang_rank=1",
+    "debug.inject_exit_rank=0",
+    "debug.inject_exit_in_checkpoint=true",
+    "debug.inject_read_delay_ms=20",
+};
+
+TEST(DeckYaml, OverrideListCoversEverySchemaKey) {
+  std::set<std::string> paths;
+  for (const std::string& s : kEveryKeyChanged)
+    paths.insert(parse_override(s).path);
+  std::set<std::string> schema;
+  for (const auto& k : dst::config::schema_keys())
+    schema.insert(k.path);
+  EXPECT_EQ(paths, schema);
+  EXPECT_EQ(paths.size(), kEveryKeyChanged.size());
+}
+
+TEST(DeckYaml, DefaultRoundTrips) {
+  const RunConfig c;
+  EXPECT_EQ(load(dst::config::to_yaml(c)), c);
+  const RunConfig example = load(kExampleDeck);
+  EXPECT_EQ(load(dst::config::to_yaml(example)), example);
+}
+
+TEST(DeckYaml, EveryKeyChangedRoundTrips) {
+  const RunConfig changed = load("run: {}\n", kEveryKeyChanged);
+  EXPECT_EQ(changed.run.name, "my run: \"x\" #1");
+  EXPECT_EQ(changed.run.seed, std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(changed.data.valid, "123");
+  const std::string yaml = dst::config::to_yaml(changed);
+  const RunConfig back = load(yaml);
+  EXPECT_EQ(back, changed) << yaml;
+  EXPECT_EQ(dst::config::to_yaml(back), yaml);
+}
+
+TEST(DeckYaml, EqualityCoversEveryKey) {
+  // Leaving out any one change must give a config that compares unequal: operator==
+  // looks at every field. grad_accum_steps and global_batch_size only change together.
+  const RunConfig changed = load("run: {}\n", kEveryKeyChanged);
+  const RunConfig defaults;
+  EXPECT_NE(changed, defaults);
+  for (std::size_t i = 0; i < kEveryKeyChanged.size(); ++i) {
+    std::vector<std::string> rest = kEveryKeyChanged;
+    const std::string left_out = rest[i];
+    rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
+    SCOPED_TRACE(left_out);
+    if (left_out.rfind("training.optimizer.type", 0) == 0) continue;  // adamw is the only one
+    if (left_out.rfind("training.grad_accum_steps", 0) == 0 ||
+        left_out.rfind("training.global_batch_size", 0) == 0) {
+      EXPECT_THROW(load("run: {}\n", rest), DeckError);
+      continue;
+    }
+    EXPECT_NE(load("run: {}\n", rest), changed);
+  }
+  RunConfig a;
+  RunConfig b;
+  b.training.grad_accum_steps = 3;
+  EXPECT_NE(a, b);
+  EXPECT_NE(a.training, b.training);
+  b = a;
+  b.training.global_batch_size = 0;
+  EXPECT_NE(a, b);
+}
+
+TEST(DeckYaml, ShortestNumbersAndAuto) {
+  RunConfig c;
+  c.training.optimizer.lr = 0.1;
+  c.model.rope_theta = 10000.0;
+  const std::string yaml = dst::config::to_yaml(c);
+  EXPECT_TRUE(Contains(yaml, "\n    lr: 0.1\n"));
+  EXPECT_TRUE(Contains(yaml, "\n  rope_theta: 10000.0\n"));
+  EXPECT_TRUE(Contains(yaml, "\n  data: auto\n"));
+  EXPECT_TRUE(Contains(yaml, "\n    betas: [0.9, 0.95]\n"));
+  // A "." in the mantissa: YAML 1.1 readers (PyYAML) read "1e-06" as a string.
+  EXPECT_TRUE(Contains(yaml, "\n  norm_eps: 1.0e-06\n"));
+  c.training.optimizer.lr = 0.1 + 0.2;
+  EXPECT_TRUE(Contains(dst::config::to_yaml(c), "lr: 0.30000000000000004\n"));
+}
+
+TEST(DeckYaml, EverySectionAndKeyInSchemaOrder) {
+  const std::string yaml = dst::config::to_yaml(RunConfig{});
+  std::size_t pos = 0;
+  for (const char* section :
+       {"\nrun:\n", "\nmodel:\n", "\ndata:\n", "\ntraining:\n", "\n  optimizer:\n",
+        "\n  schedule:\n", "\nparallel:\n", "\nkernels:\n", "\ncheckpoint:\n", "\nlogging:\n",
+        "\neval:\n", "\ndebug:\n"}) {
+    const std::size_t at = yaml.find(section, pos);
+    ASSERT_NE(at, std::string::npos) << section;
+    pos = at;
+  }
+  for (const auto& k : dst::config::schema_keys()) {
+    const std::string leaf = k.path.substr(k.path.rfind('.') + 1);
+    EXPECT_TRUE(Contains(yaml, " " + leaf + ": " + k.default_value + "\n"));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Schema and docs
+// ---------------------------------------------------------------------------------------
+
+TEST(DeckSchema, EveryKeyOfTheDesignNotesExists) {
+  // The keys of the run-deck sketch (DECK.md) that runtime and app code rely on.
+  const char* sketch[] = {"run.name",
+                          "run.seed",
+                          "run.output_dir",
+                          "model.preset",
+                          "model.vocab_size",
+                          "model.d_model",
+                          "model.n_layers",
+                          "model.n_heads",
+                          "model.n_kv_heads",
+                          "model.ffn_dim",
+                          "model.max_seq_len",
+                          "model.rope_theta",
+                          "model.norm_eps",
+                          "model.tie_embeddings",
+                          "data.train",
+                          "data.valid",
+                          "data.seq_len",
+                          "training.max_steps",
+                          "training.global_batch_size",
+                          "training.micro_batch_size",
+                          "training.grad_accum_steps",
+                          "training.precision",
+                          "training.grad_clip",
+                          "training.optimizer.type",
+                          "training.optimizer.lr",
+                          "training.optimizer.betas",
+                          "training.optimizer.eps",
+                          "training.optimizer.weight_decay",
+                          "training.schedule.type",
+                          "training.schedule.warmup_steps",
+                          "training.schedule.min_lr_ratio",
+                          "training.schedule.milestones",
+                          "training.schedule.factors",
+                          "training.schedule.world_size_scaling",
+                          "training.schedule.reference_world_size",
+                          "parallel.data",
+                          "parallel.tensor",
+                          "parallel.pipeline",
+                          "parallel.backend",
+                          "parallel.bucket_mb",
+                          "parallel.timeout_s",
+                          "parallel.init_timeout_s",
+                          "kernels.backend",
+                          "checkpoint.every_steps",
+                          "checkpoint.keep_last",
+                          "checkpoint.resume",
+                          "logging.every_steps",
+                          "logging.metrics_file",
+                          "eval.every_steps",
+                          "eval.batches",
+                          "debug.deterministic",
+                          "debug.consistency_every",
+                          "debug.nan_policy",
+                          "debug.inject_nan_step",
+                          "debug.inject_hang_rank",
+                          "debug.inject_exit_rank",
+                          "debug.inject_exit_in_checkpoint",
+                          "debug.inject_read_delay_ms"};
+  std::set<std::string> schema;
+  for (const auto& k : dst::config::schema_keys()) {
+    schema.insert(k.path);
+    EXPECT_FALSE(k.doc.empty()) << k.path;
+    EXPECT_FALSE(k.type.empty()) << k.path;
+    EXPECT_FALSE(k.allowed.empty()) << k.path;
+  }
+  for (const char* k : sketch)
+    EXPECT_EQ(schema.count(k), 1u) << k;
+}
+
+TEST(DeckSchema, KeyInfoDescribesTypesAndRanges) {
+  for (const auto& k : dst::config::schema_keys()) {
+    if (k.path == "training.optimizer.lr") {
+      EXPECT_EQ(k.type, "number");
+      EXPECT_EQ(k.default_value, "0.0003");
+      EXPECT_EQ(k.allowed, "> 0");
+    } else if (k.path == "training.precision") {
+      EXPECT_EQ(k.type, "enum");
+      EXPECT_EQ(k.allowed, "`fp32`, `bf16`, `fp16`");
+    } else if (k.path == "parallel.data") {
+      EXPECT_EQ(k.default_value, "auto");
+    }
+  }
+}
+
+TEST(DeckSchema, CommittedDocsContainGeneratedReference) {
+  const std::string path = std::string(DSTRAIN_SOURCE_DIR) + "/docs/deck.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot open " << path;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string reference = dst::config::deck_reference_markdown();
+  EXPECT_NE(buffer.str().find(reference), std::string::npos)
+      << path << " is out of date with the schema; regenerate its key reference with "
+      << "build/tests/unit/config/deck_docgen";
+  for (const auto& k : dst::config::schema_keys())
+    EXPECT_TRUE(Contains(reference, "`" + k.path.substr(k.path.rfind('.') + 1) + "`"));
+}
+
+// A warm-up longer than the run is legal (a short smoke run of a long deck) but is said.
+TEST(Deck, WarmupLongerThanRunIsAnAdvisoryNotAnError) {
+  const auto c = load_deck_text("training:\n  max_steps: 10\n", "deck.yaml");
+  const auto notes = advisories(c);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_TRUE(
+      Contains(notes[0], "training.schedule.warmup_steps (20) exceeds training.max_steps (10)"));
+  EXPECT_TRUE(advisories(load_deck_text("training:\n  max_steps: 30\n", "deck.yaml")).empty());
+}
+
+}  // namespace

@@ -1,0 +1,97 @@
+// Closed-form plan of the dense DeepSeek-LLM decoder against published sizes.
+#include <gtest/gtest.h>
+
+#include "model/plan.hpp"
+
+namespace {
+
+dst::config::ModelSection deepseek_llm_7b() {
+  dst::config::ModelSection m;
+  m.preset = "deepseek-llm-7b";
+  m.vocab_size = 102400;
+  m.d_model = 4096;
+  m.n_layers = 30;
+  m.n_heads = 32;
+  m.n_kv_heads = 32;
+  m.ffn_dim = 11008;
+  m.max_seq_len = 4096;
+  return m;
+}
+
+dst::config::ModelSection deepseek_llm_67b() {
+  dst::config::ModelSection m = deepseek_llm_7b();
+  m.preset = "deepseek-llm-67b";
+  m.d_model = 8192;
+  m.n_layers = 95;
+  m.n_heads = 64;
+  m.n_kv_heads = 8;
+  m.ffn_dim = 22016;
+  return m;
+}
+
+// Parameter counts by hand from the published shapes (deepseek-ai/deepseek-llm-*-base
+// config.json): V*C embedding and head, per layer 2*C*C (q, o) + 2*C*kv (k, v) +
+// 3*C*F (SwiGLU) + 2*C (norms), plus the final norm.
+TEST(Plan, DeepSeekLlm7bParameterCount) {
+  const auto p = dst::model::count_parameters(deepseek_llm_7b());
+  EXPECT_EQ(p.embedding, 419430400);
+  EXPECT_EQ(p.per_layer, 202383360);
+  EXPECT_EQ(p.total(), 6910365696);  // "7B": 6.91 B
+}
+
+TEST(Plan, DeepSeekLlm67bParameterCountWithGroupedQueryAttention) {
+  const auto p = dst::model::count_parameters(deepseek_llm_67b());
+  // k and v are 8 heads x 128 = 1024 wide.
+  EXPECT_EQ(p.per_layer, 2LL * 8192 * 8192 + 2LL * 8192 * 1024 + 3LL * 8192 * 22016 + 2 * 8192);
+  EXPECT_EQ(p.total(), 67425001472);  // "67B"
+}
+
+TEST(Plan, TiedEmbeddingsDropTheHead) {
+  auto m = deepseek_llm_7b();
+  m.tie_embeddings = true;
+  EXPECT_EQ(dst::model::count_parameters(m).total(), 6910365696 - 419430400);
+}
+
+TEST(Plan, FlopsPerTokenIsSixNPlusAttention) {
+  const auto m = deepseek_llm_7b();
+  const double f = dst::model::training_flops_per_token(m, 4096);
+  // 6 x (non-embedding parameters, head included) + 12 L T C.
+  EXPECT_DOUBLE_EQ(f, 6 * (6910365696.0 - 419430400.0) + 12.0 * 30 * 4096 * 4096);
+  auto tied = m;
+  tied.tie_embeddings = true;  // the head matmul still runs: same FLOPs
+  EXPECT_DOUBLE_EQ(dst::model::training_flops_per_token(tied, 4096), f);
+}
+
+TEST(Plan, MemoryScalesWithPrecisionAndLayout) {
+  dst::config::RunConfig c;
+  c.model = deepseek_llm_7b();
+  c.data.seq_len = 4096;
+  c.training.micro_batch_size = 1;
+  dst::config::Layout one;
+  one.global_batch_size = 8;
+  const auto p32 = dst::model::make_plan(c, one);
+  EXPECT_EQ(p32.memory.parameters, 4ull * 6910365696);
+  EXPECT_EQ(p32.memory.optimizer, 8ull * 6910365696);
+  EXPECT_EQ(p32.comm_bytes_per_step, 0.0);  // one rank: nothing to all-reduce
+
+  c.training.precision = "bf16";
+  const auto p16 = dst::model::make_plan(c, one);
+  EXPECT_EQ(p16.memory.parameters, 6ull * 6910365696);  // fp32 master + bf16 copy
+  EXPECT_LT(p16.memory.activations, p32.memory.activations);
+
+  dst::config::Layout tp2 = one;
+  tp2.world_size = 4;
+  tp2.tensor = 2;
+  tp2.data = 2;
+  const auto split = dst::model::make_plan(c, tp2);
+  EXPECT_EQ(split.memory.gradients, p16.memory.gradients / 2);
+  EXPECT_GT(split.comm_bytes_per_step, 0.0);
+}
+
+TEST(Plan, Formatting) {
+  EXPECT_EQ(dst::model::format_bytes(512), "512 B");
+  EXPECT_EQ(dst::model::format_bytes(1.5 * 1024 * 1024 * 1024), "1.50 GiB");
+  EXPECT_EQ(dst::model::format_count(6910365696.0), "6.91 B");
+}
+
+}  // namespace
