@@ -21,6 +21,9 @@ set(DSTRAIN_TEST_ENVIRONMENT
   OMPI_MCA_btl_vader_single_copy_mechanism=none
   # No TCP between ranks on one machine is needed; keep mpirun off the network.
   OMPI_MCA_btl=self,vader
+  # Tests run side by side (ctest -j) and several ranks share 2 cores: one BLAS thread
+  # per process, or OpenBLAS's own threads oversubscribe the machine.
+  OPENBLAS_NUM_THREADS=1
   # CI may set CI=true; pass it through explicitly (tools/require uses it).
   "CI=$ENV{CI}")
 
@@ -33,6 +36,7 @@ function(dst_add_unit_test name)
   cmake_parse_arguments(A "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/unit/test_main.cpp)
   target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/unit)  # fp_trap.hpp
   dst_target_defaults(${name})
   set_property(GLOBAL APPEND PROPERTY DSTRAIN_UNIT_TEST_TARGETS ${name})
   gtest_discover_tests(${name}

@@ -1,5 +1,8 @@
 #include "model/plan.hpp"
 
+#include "core/error.hpp"
+#include "model/dense_model.hpp"
+
 #include <cstdio>
 
 namespace dst::model {
@@ -43,35 +46,33 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout) {
   plan.tokens_per_step = layout.global_batch_size * T;
   plan.flops_per_step = plan.flops_per_token * static_cast<double>(plan.tokens_per_step);
 
-  // Tensor and pipeline parallelism split the weights; data-parallel ranks each hold all.
-  const double model_split = static_cast<double>(layout.tensor) * layout.pipeline;
-  const double n = static_cast<double>(plan.params.total()) / model_split;
+  // The layout pass: the model's own constructor, in planning mode, takes every buffer
+  // it would allocate for a micro-batch and allocates nothing.
+  const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan);
+  if (model.params().parameter_count() != plan.params.total())
+    throw Error("plan: the model's layout has " + std::to_string(model.params().parameter_count()) +
+                " parameters but the closed form gives " + std::to_string(plan.params.total()));
+  const ModelMemory mm = model.memory();
+
+  // Tensor and pipeline parallelism (not implemented yet) would split weights and
+  // activations evenly; data-parallel ranks each hold everything.
+  const std::uint64_t split =
+      static_cast<std::uint64_t>(layout.tensor) * static_cast<std::uint64_t>(layout.pipeline);
   const bool low_precision = c.training.precision != "fp32";
   auto& mem = plan.memory;
-  mem.parameters = static_cast<std::uint64_t>(n * (low_precision ? 4 + 2 : 4));
-  mem.gradients = static_cast<std::uint64_t>(n * 4);
-  mem.optimizer = static_cast<std::uint64_t>(n * 8);
-
-  // Activations kept for the backward pass, per token and layer (non-fused attention):
-  // norm inputs and outputs 4C, q and attention output 2C, k and v 2*kv, the attention
-  // probabilities n_heads*T, MLP w1/w3 outputs and their SwiGLU product 3F, two RMSNorm
-  // reciprocal norms. Plus the final norm (2C) and fp32 logits and their gradient (2V).
-  const double C = static_cast<double>(m.d_model);
-  const double kv = static_cast<double>(m.n_kv_heads) * (C / static_cast<double>(m.n_heads));
-  const double F = static_cast<double>(m.ffn_dim);
-  const double per_token_layer = 6 * C + 2 * kv + static_cast<double>(m.n_heads) * T + 3 * F + 2;
-  const double act_bytes = low_precision ? 2 : 4;
-  const double tokens = static_cast<double>(c.training.micro_batch_size) * T;
-  const double layers_here = static_cast<double>(m.n_layers) / layout.pipeline;
-  mem.activations = static_cast<std::uint64_t>(
-      tokens * (per_token_layer * layers_here / layout.tensor * act_bytes + 2 * C * act_bytes +
-                2.0 * static_cast<double>(m.vocab_size) / layout.tensor * 4));
-  const double bucket = c.parallel.bucket_mb * 1024 * 1024;
-  mem.workspace = static_cast<std::uint64_t>(2 * bucket + tokens * F * 4);
+  // fp32 master weights, plus a 16-bit compute copy in bf16/fp16 runs.
+  mem.parameters = (mm.parameters + (low_precision ? mm.parameters / 2 : 0)) / split;
+  mem.gradients = mm.gradients / split;
+  mem.optimizer = 2 * mm.parameters / split;  // AdamW first and second moments, fp32
+  mem.activations = mm.activations / split;
+  // Backward scratch plus two gradient all-reduce buckets in flight.
+  const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
+  mem.workspace = mm.workspace + (layout.data > 1 ? 2 * bucket : 0);
 
   // Ring all-reduce moves 2 (p-1)/p of the gradient bytes per rank (fp32 gradients).
   const double p = layout.data;
-  plan.comm_bytes_per_step = p > 1 ? 2.0 * (p - 1) / p * n * 4 : 0.0;
+  plan.comm_bytes_per_step =
+      p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(mm.gradients / split) : 0.0;
   return plan;
 }
 

@@ -28,8 +28,8 @@ struct MemoryPlan {
   std::uint64_t parameters = 0;   ///< fp32 master weights (+ bf16/fp16 compute copy)
   std::uint64_t gradients = 0;    ///< fp32 gradient buffer
   std::uint64_t optimizer = 0;    ///< AdamW first and second moments, fp32
-  std::uint64_t activations = 0;  ///< kept for backward, one micro-batch
-  std::uint64_t workspace = 0;    ///< communication bucket + logits scratch
+  std::uint64_t activations = 0;  ///< kept for backward, one micro-batch (layout pass)
+  std::uint64_t workspace = 0;    ///< backward scratch (layout pass) + all-reduce buckets
   std::uint64_t total() const {
     return parameters + gradients + optimizer + activations + workspace;
   }
@@ -53,7 +53,8 @@ ParamCount count_parameters(const config::ModelSection& m);
 /// half is counted, so MFU figures compare with published ones).
 double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len);
 
-/// The whole plan for a config on a layout.
+/// The whole plan for a config on a layout. Memory comes from a layout-only pass of the
+/// real model (DenseModel in planning mode), so it is what a run would allocate.
 Plan make_plan(const config::RunConfig& c, const config::Layout& layout);
 
 /// Human-readable bytes ("1.50 GiB").

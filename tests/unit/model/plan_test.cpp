@@ -77,7 +77,6 @@ TEST(Plan, MemoryScalesWithPrecisionAndLayout) {
   c.training.precision = "bf16";
   const auto p16 = dst::model::make_plan(c, one);
   EXPECT_EQ(p16.memory.parameters, 6ull * 6910365696);  // fp32 master + bf16 copy
-  EXPECT_LT(p16.memory.activations, p32.memory.activations);
 
   dst::config::Layout tp2 = one;
   tp2.world_size = 4;

@@ -1,0 +1,110 @@
+// Single-thread SGEMM through dst::blas::gemm (host back end, OpenBLAS).
+//
+// The median GFLOPS of BM_sgemm/M:2048/N:2048/K:2048 is the project's CPU peak for MFU.
+// It is measured on one core so that it is a per-core figure, independent of how many
+// cores a run gives each rank (a run's peak is this times the cores it computes on).
+// The model-shaped cases (tiny preset: d_model 256, ffn 688,
+// qkv 3 * 256, vocab 260, 2048 tokens per micro-batch) show how far the layers' products
+// fall below that peak.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "blas/gemm.hpp"
+
+namespace {
+
+using dst::blas::Trans;
+
+// Args: M, N, K, transpose A, transpose B (0/1), as in gemm.hpp's row-major convention.
+void BM_sgemm(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const Trans ta = state.range(3) != 0 ? Trans::yes : Trans::no;
+  const Trans tb = state.range(4) != 0 ? Trans::yes : Trans::no;
+  const std::int64_t lda = ta == Trans::no ? k : m;
+  const std::int64_t ldb = tb == Trans::no ? n : k;
+  // Values in [0.5, 1.5): no denormals, no growth towards overflow.
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+      c(static_cast<std::size_t>(m * n), 0.0F);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a[i] = 0.5F + static_cast<float>(i % 97) / 97.0F;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    b[i] = 0.5F + static_cast<float>(i % 89) / 89.0F;
+  const dst::tensor::ExecContext host{};
+  for (auto _ : state) {
+    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, 0.0F, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  // 2 M N K flops per product (one multiply and one add per term), in units of 1e9.
+  state.counters["GFLOPS"] = benchmark::Counter(2.0e-9 * static_cast<double>(m * n * k),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+constexpr std::int64_t kTokens = 2048;
+
+void peak_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "tA", "tB"});
+  b->Args({2048, 2048, 2048, 0, 0});  // the peak definition
+  b->Args({64, 64, 64, 0, 0});        // tiny: the CTest smoke run
+}
+
+void model_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "tA", "tB"});
+  struct Layer {
+    std::int64_t out, in;
+  };
+  // (out, in) of the tiny preset's dense layers.
+  const Layer layers[] = {{768, 256}, {256, 256}, {688, 256}, {256, 688}, {260, 256}};
+  for (const Layer& l : layers) {
+    b->Args({kTokens, l.out, l.in, 0, 1});  // forward  y (N, out) = x (N, in) W^T
+    b->Args({kTokens, l.in, l.out, 0, 0});  // backward dx (N, in) = dy (N, out) W
+    b->Args({l.out, l.in, kTokens, 1, 0});  // backward dW (out, in) += dy^T x
+  }
+}
+
+// Real time: OpenBLAS computes in its own threads when it has any, and their CPU time
+// would not be counted against the benchmark thread.
+BENCHMARK(BM_sgemm)
+    ->Apply(peak_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_sgemm)
+    ->Name("BM_sgemm_model")
+    ->Apply(model_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One thread: the MFU peak is per core (see the file comment).
+  openblas_set_num_threads(1);
+  benchmark::AddCustomContext("openblas_threads",
+                              std::to_string(openblas_get_num_threads()) +
+                                  " (openblas_set_num_threads(1): single-thread SGEMM peak)");
+  benchmark::AddCustomContext("openblas_config", openblas_get_config());
+  // The kernel decides the figure (about 5x between SSE3 and AVX-512 SGEMM). OpenBLAS
+  // 0.3.21's DYNAMIC_ARCH falls back to Prescott (SSE3) on CPUs it does not recognise,
+  // e.g. some virtualised Sapphire Rapids; OPENBLAS_CORETYPE, read at load time, overrides.
+  const std::string core = openblas_get_corename();
+  benchmark::AddCustomContext("openblas_core", core);
+  if ((core == "Prescott" || core == "Core2" || core == "Nehalem") &&
+      __builtin_cpu_supports("avx2"))
+    benchmark::AddCustomContext("openblas_warning",
+                                "OpenBLAS runs its " + core +
+                                    " kernel on an AVX2/AVX-512 CPU; this is not the CPU's peak. "
+                                    "Set OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2)");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,42 @@
+#pragma once
+/// \file gemm.hpp
+/// Matrix products, one entry for every back end: host memory goes to CBLAS (OpenBLAS),
+/// CUDA memory to cuBLAS/cuBLASLt (DSTRAIN_ENABLE_CUDA). Everything is row-major; the
+/// column-major vendor calls are reached by swapping operands (C^T = B^T A^T) here, in
+/// one place.
+
+#include <cstdint>
+
+#include "tensor/context.hpp"
+#include "tensor/tensor.hpp"
+
+namespace dst::blas {
+
+enum class Trans : std::uint8_t { no, yes };
+
+/// C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C, row-major f32.
+/// lda, ldb, ldc: row strides in elements of A, B, C as stored (A is (M, K) if ta == no,
+/// else (K, M)). Throws dst::Error on inconsistent sizes or strides.
+void gemm(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m, std::int64_t n,
+          std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+          std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+/// `batch` independent products; matrix i of A, B, C starts at a + i * stride_a, etc.
+void gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
+                          std::int64_t n, std::int64_t k, float alpha, const float* a,
+                          std::int64_t lda, std::int64_t stride_a, const float* b, std::int64_t ldb,
+                          std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                          std::int64_t stride_c, std::int64_t batch);
+
+/// The model's dense layers, on tensors whose leading dimensions flatten to rows:
+/// y (N, out) = x (N, in) * W^T, W (out, in) as PyTorch's nn.Linear stores it.
+void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,
+                    const tensor::Tensor& w, const tensor::Tensor& y);
+/// dx (N, in) = dy (N, out) * W  (written, or accumulated if accumulate_dx);
+/// dW (out, in) += dy^T * x       (always accumulated: gradients sum over micro-batches).
+/// Either of dx, dw may be empty (data == nullptr) to skip it.
+void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
+                     const tensor::Tensor& x, const tensor::Tensor& w, const tensor::Tensor& dx,
+                     const tensor::Tensor& dw, bool accumulate_dx = false);
+
+}  // namespace dst::blas

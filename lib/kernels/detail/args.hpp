@@ -1,0 +1,124 @@
+#pragma once
+/// \file args.hpp
+/// The validated arguments of each kernel as raw pointers and sizes: what kernels.cpp hands
+/// to a back end after checking shapes, dtypes and devices. Back ends see no Tensor, so
+/// the Kokkos back end (kernels/kokkos/) and the CUDA back end (kernels/cuda/) implement
+/// the same overload set `run(const XxxArgs&)` and stay independent of each other.
+/// Sizes are element counts; every float tensor is row-major and contiguous.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dst::kernels::detail {
+
+using Index = std::int64_t;
+
+struct EmbeddingForwardArgs {
+  const std::int32_t* tokens;  // (N)
+  const float* wte;            // (V, C)
+  float* out;                  // (N, C)
+  Index n, c, v;
+};
+
+struct EmbeddingBackwardArgs {
+  const std::int32_t* tokens;  // (N)
+  const float* dout;           // (N, C)
+  float* dwte;                 // (V, C), accumulated
+  Index n, c, v;
+};
+
+struct RmsnormForwardArgs {
+  const float* x;  // (N, C)
+  const float* w;  // (C)
+  float eps;
+  float* out;   // (N, C)
+  float* rstd;  // (N)
+  Index n, c;
+};
+
+struct RmsnormBackwardArgs {
+  const float* dout;  // (N, C)
+  const float* x;     // (N, C)
+  const float* w;     // (C)
+  const float* rstd;  // (N)
+  float* dx;          // (N, C), accumulated
+  float* dw;          // (C), accumulated
+  Index n, c;
+};
+
+struct RopeTablesArgs {
+  double theta;
+  float* cos;  // (T, D/2)
+  float* sin;  // (T, D/2)
+  Index t, half;
+};
+
+struct RopeArgs {
+  float* x;          // (B, T, H, D), rotated in place
+  const float* cos;  // (>= T, D/2); row t is position t
+  const float* sin;  // (>= T, D/2)
+  Index b, t, h, half;
+  bool inverse;  ///< false: forward rotation; true: its transpose (the backward)
+};
+
+struct SoftmaxForwardArgs {
+  const float* scores;  // (R, T) with R = B*H*T rows; may alias probs
+  float scale;
+  float* probs;  // (R, T)
+  Index rows, t;
+};
+
+struct SoftmaxBackwardArgs {
+  const float* probs;   // (R, T)
+  const float* dprobs;  // (R, T); may alias dscores
+  float scale;
+  float* dscores;  // (R, T)
+  Index rows, t;
+};
+
+struct SwigluForwardArgs {
+  const float* h1;  // (N*F)
+  const float* h3;  // (N*F)
+  float* out;       // (N*F)
+  Index n;          ///< number of elements N*F
+};
+
+struct SwigluBackwardArgs {
+  const float* dout;  // (N*F)
+  const float* h1;    // (N*F); may alias dh1
+  const float* h3;    // (N*F); may alias dh3
+  float* dh1;         // (N*F)
+  float* dh3;         // (N*F)
+  Index n;
+};
+
+struct CrossEntropyArgs {
+  const float* logits;          // (N, V); may alias dlogits
+  const std::int32_t* targets;  // (N)
+  std::int32_t ignore_index;
+  float grad_scale;
+  float* losses;   // (N)
+  float* dlogits;  // (N, V), or nullptr for the forward only
+  Index n, v;
+};
+
+struct AddArgs {
+  const float* a;  // (n); may alias out
+  const float* b;  // (n); may alias out
+  float* out;      // (n)
+  Index n;
+};
+
+struct AccumulateArgs {
+  const float* x;  // (n)
+  float* y;        // (n), accumulated
+  Index n;
+};
+
+struct ZeroArgs {
+  void* data;
+  std::size_t bytes;
+  std::size_t element_size;  ///< 1, 2, 4 or 8
+};
+
+}  // namespace dst::kernels::detail

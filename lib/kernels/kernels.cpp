@@ -1,0 +1,381 @@
+// The kernel interface: validate shapes, dtypes and devices here, once for every back end,
+// then hand raw pointers and sizes (detail/args.hpp) to the back end the context names.
+#include "kernels/kernels.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/detail/args.hpp"
+#include "kernels/kokkos/kokkos_backend.hpp"
+
+// --- CUDA back end --------------------------------------------------------------------
+// The native CUDA kernels (kernels/cuda/, DSTRAIN_ENABLE_CUDA) are another issue. They
+// plug in here: kernels/cuda/cuda_backend.hpp declares, in dst::kernels::cuda_backend,
+// `void run(void* stream, const detail::XxxArgs&)` for every Args type of detail/args.hpp
+// (the same overload set as kokkos_backend::run, plus the stream), and dispatch() below
+// calls it. Until that header exists a CUDA build reports that it has no kernels.
+#if DSTRAIN_HAVE_CUDA && __has_include("kernels/cuda/cuda_backend.hpp")
+#include "kernels/cuda/cuda_backend.hpp"
+#define DSTRAIN_KERNELS_CUDA_BACKEND 1
+#else
+#define DSTRAIN_KERNELS_CUDA_BACKEND 0
+#endif
+
+namespace dst::kernels {
+namespace {
+
+using tensor::Backend;
+using tensor::Device;
+using tensor::Shape;
+using Index = std::int64_t;
+
+/// Throws unless the context's back end can run here (before any shape check, so a CPU
+/// build asked for CUDA says exactly that).
+void check_backend(const ExecContext& ctx, const char* kernel) {
+  switch (ctx.backend) {
+    case Backend::kokkos:
+      if (!kokkos_backend::initialized())
+        throw Error(std::string("kernels::") + kernel +
+                    ": Kokkos is not initialised (runtime start-up, or a test environment, "
+                    "calls Kokkos::initialize before any kernel)");
+      return;
+    case Backend::cuda:
+#if !DSTRAIN_HAVE_CUDA
+      throw Error("kernels: the CUDA back end is not built (DSTRAIN_ENABLE_CUDA=OFF)");
+#elif !DSTRAIN_KERNELS_CUDA_BACKEND
+      throw Error(std::string("kernels::") + kernel +
+                  ": the CUDA back end has no kernels yet (kernels/cuda/ is not written)");
+#else
+      return;
+#endif
+  }
+  throw Error(std::string("kernels::") + kernel + ": unknown back end " +
+              std::to_string(static_cast<int>(ctx.backend)));
+}
+
+Device device_of(const ExecContext& ctx) {
+  return ctx.backend == Backend::cuda ? Device::cuda : kokkos_backend::device();
+}
+
+const char* device_name(Device d) {
+  return d == Device::cuda ? "cuda" : "host";
+}
+
+std::string what(const char* kernel, const char* name) {
+  return std::string("kernels::") + kernel + ": " + name;
+}
+
+/// Shape and dtype (expect_shape's message, prefixed "kernels::<kernel>: <name>"), then
+/// memory: a non-empty tensor needs data, on the device the back end runs on.
+void expect(const ExecContext& ctx, const Tensor& t, const Shape& shape, DType dtype,
+            const char* kernel, const char* name) {
+  tensor::expect_shape(t, shape, dtype, what(kernel, name).c_str());
+  if (t.numel() > 0 && t.data == nullptr)
+    throw Error(what(kernel, name) + ": " + shape.str() + " tensor without data");
+  if (t.device != device_of(ctx))
+    throw Error(what(kernel, name) + ": tensor on " + device_name(t.device) + ", but the " +
+                std::string(tensor::backend_name(ctx.backend)) + " back end runs on " +
+                device_name(device_of(ctx)));
+}
+
+/// For tensors whose shape the others derive from: dtype and a rank of at least
+/// `min_rank` ("(N, C)" tensors may carry leading dims, (B, T, C); N is their product).
+void expect_rank(const Tensor& t, int min_rank, DType dtype, const char* kernel, const char* name,
+                 const char* form) {
+  if (t.shape.rank < min_rank || t.dtype != dtype)
+    throw Error(what(kernel, name) + ": expected " + std::string(dtype_name(dtype)) + " " + form +
+                ", got " + std::string(dtype_name(t.dtype)) + " " + t.shape.str());
+}
+
+Shape drop_last(Shape s) {
+  s.dims[static_cast<std::size_t>(s.rank - 1)] = 1;
+  --s.rank;
+  return s;
+}
+
+Shape append(Shape s, Index d) {
+  if (s.rank >= tensor::kMaxRank)
+    throw Error("kernels: cannot append a dimension to " + s.str() + " (rank limit)");
+  s.dims[static_cast<std::size_t>(s.rank)] = d;
+  ++s.rank;
+  return s;
+}
+
+Index last(const Shape& s) {
+  return s[s.rank - 1];
+}
+
+template <class Args>
+void dispatch(const ExecContext& ctx, const Args& args) {
+  if (ctx.backend == Backend::kokkos) {
+    kokkos_backend::run(args);
+    return;
+  }
+#if DSTRAIN_KERNELS_CUDA_BACKEND
+  cuda_backend::run(ctx.stream, args);
+#else
+  (void)args;  // check_backend has already thrown
+#endif
+}
+
+}  // namespace
+
+// --- embedding -------------------------------------------------------------------------
+
+void embedding_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& wte,
+                       const Tensor& out) {
+  constexpr const char* k = "embedding_forward";
+  check_backend(ctx, k);
+  expect_rank(tokens, 1, DType::i32, k, "tokens", "(N)");
+  expect_rank(wte, 2, DType::f32, k, "wte", "(V, C)");
+  expect(ctx, tokens, tokens.shape, DType::i32, k, "tokens");
+  expect(ctx, wte, Shape{wte.shape[0], wte.shape[1]}, DType::f32, k, "wte");
+  const Index c = wte.shape[1];
+  expect(ctx, out, append(tokens.shape, c), DType::f32, k, "out");
+  if (out.numel() == 0) return;
+  dispatch(ctx, detail::EmbeddingForwardArgs{tokens.ptr<std::int32_t>(), wte.ptr<float>(),
+                                             out.ptr<float>(), tokens.numel(), c, wte.shape[0]});
+}
+
+void embedding_backward(const ExecContext& ctx, const Tensor& tokens, const Tensor& dout,
+                        const Tensor& dwte) {
+  constexpr const char* k = "embedding_backward";
+  check_backend(ctx, k);
+  expect_rank(tokens, 1, DType::i32, k, "tokens", "(N)");
+  expect_rank(dwte, 2, DType::f32, k, "dwte", "(V, C)");
+  expect(ctx, tokens, tokens.shape, DType::i32, k, "tokens");
+  expect(ctx, dwte, Shape{dwte.shape[0], dwte.shape[1]}, DType::f32, k, "dwte");
+  const Index c = dwte.shape[1];
+  expect(ctx, dout, append(tokens.shape, c), DType::f32, k, "dout");
+  if (dout.numel() == 0) return;
+  dispatch(ctx, detail::EmbeddingBackwardArgs{tokens.ptr<std::int32_t>(), dout.ptr<float>(),
+                                              dwte.ptr<float>(), tokens.numel(), c, dwte.shape[0]});
+}
+
+// --- RMSNorm ---------------------------------------------------------------------------
+
+void rmsnorm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, float eps,
+                     const Tensor& out, const Tensor& rstd) {
+  constexpr const char* k = "rmsnorm_forward";
+  check_backend(ctx, k);
+  expect_rank(x, 2, DType::f32, k, "x", "(N, C)");
+  const Index c = last(x.shape);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  expect(ctx, w, Shape{c}, DType::f32, k, "w");
+  expect(ctx, out, x.shape, DType::f32, k, "out");
+  expect(ctx, rstd, drop_last(x.shape), DType::f32, k, "rstd");
+  if (!(eps >= 0.0f) || !std::isfinite(eps))
+    throw Error(what(k, "eps") + " must be finite and >= 0, got " + std::to_string(eps));
+  if (x.numel() == 0 && rstd.numel() > 0)
+    throw Error(what(k, "x") + ": C = 0, the mean of an empty row is undefined");
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::RmsnormForwardArgs{x.ptr<float>(), w.ptr<float>(), eps, out.ptr<float>(),
+                                           rstd.ptr<float>(), rstd.numel(), c});
+}
+
+void rmsnorm_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
+  constexpr const char* k = "rmsnorm_backward";
+  check_backend(ctx, k);
+  expect_rank(x, 2, DType::f32, k, "x", "(N, C)");
+  const Index c = last(x.shape);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  expect(ctx, dout, x.shape, DType::f32, k, "dout");
+  expect(ctx, w, Shape{c}, DType::f32, k, "w");
+  expect(ctx, rstd, drop_last(x.shape), DType::f32, k, "rstd");
+  expect(ctx, dx, x.shape, DType::f32, k, "dx");
+  expect(ctx, dw, Shape{c}, DType::f32, k, "dw");
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::RmsnormBackwardArgs{dout.ptr<float>(), x.ptr<float>(), w.ptr<float>(),
+                                            rstd.ptr<float>(), dx.ptr<float>(), dw.ptr<float>(),
+                                            rstd.numel(), c});
+}
+
+// --- rotary embeddings -----------------------------------------------------------------
+
+void rope_tables(const ExecContext& ctx, double theta, const Tensor& cos, const Tensor& sin) {
+  constexpr const char* k = "rope_tables";
+  check_backend(ctx, k);
+  expect_rank(cos, 2, DType::f32, k, "cos", "(T, D/2)");
+  expect(ctx, cos, Shape{cos.shape[0], cos.shape[1]}, DType::f32, k, "cos");
+  expect(ctx, sin, cos.shape, DType::f32, k, "sin");
+  if (!(theta > 0.0) || !std::isfinite(theta))
+    throw Error(what(k, "theta") + " must be finite and > 0, got " + std::to_string(theta));
+  if (cos.numel() == 0) return;
+  dispatch(ctx, detail::RopeTablesArgs{theta, cos.ptr<float>(), sin.ptr<float>(), cos.shape[0],
+                                       cos.shape[1]});
+}
+
+namespace {
+void rope_apply(const ExecContext& ctx, const char* k, const Tensor& x, const Tensor& cos,
+                const Tensor& sin, bool inverse) {
+  check_backend(ctx, k);
+  if (x.shape.rank != 4 || x.dtype != DType::f32)
+    throw Error(what(k, "x") + ": expected f32 (B, T, H, D), got " +
+                std::string(dtype_name(x.dtype)) + " " + x.shape.str());
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  const Index t = x.shape[1];
+  const Index d = x.shape[3];
+  if (d % 2 != 0) throw Error(what(k, "x") + ": head dim D = " + std::to_string(d) + " is odd");
+  // The tables may cover more positions than this sequence (sized for the longest one).
+  if (cos.shape.rank != 2 || cos.shape[0] < t || cos.shape[1] != d / 2 || cos.dtype != DType::f32)
+    throw Error(what(k, "cos") + ": expected f32 (>= " + std::to_string(t) + ", " +
+                std::to_string(d / 2) + ") for x " + x.shape.str() + ", got " +
+                std::string(dtype_name(cos.dtype)) + " " + cos.shape.str());
+  expect(ctx, cos, cos.shape, DType::f32, k, "cos");
+  expect(ctx, sin, cos.shape, DType::f32, k, "sin");
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::RopeArgs{x.ptr<float>(), cos.ptr<float>(), sin.ptr<float>(), x.shape[0], t,
+                                 x.shape[2], d / 2, inverse});
+}
+}  // namespace
+
+void rope_forward(const ExecContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  rope_apply(ctx, "rope_forward", x, cos, sin, false);
+}
+
+void rope_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& cos, const Tensor& sin) {
+  rope_apply(ctx, "rope_backward", dx, cos, sin, true);
+}
+
+// --- attention softmax -----------------------------------------------------------------
+
+namespace {
+/// (..., T, T): the last two dims are the query and key positions.
+Index square_rows(const Tensor& t, const char* k, const char* name) {
+  expect_rank(t, 2, DType::f32, k, name, "(B, H, T, T)");
+  const Index len = last(t.shape);
+  if (t.shape[t.shape.rank - 2] != len)
+    throw Error(what(k, name) + ": expected f32 (B, H, T, T) with equal last two dims, got " +
+                t.shape.str());
+  return len;
+}
+}  // namespace
+
+void causal_softmax_forward(const ExecContext& ctx, const Tensor& scores, float scale,
+                            const Tensor& probs) {
+  constexpr const char* k = "causal_softmax_forward";
+  check_backend(ctx, k);
+  const Index t = square_rows(scores, k, "scores");
+  expect(ctx, scores, scores.shape, DType::f32, k, "scores");
+  expect(ctx, probs, scores.shape, DType::f32, k, "probs");
+  if (!std::isfinite(scale))
+    throw Error(what(k, "scale") + " must be finite, got " + std::to_string(scale));
+  if (scores.numel() == 0) return;
+  dispatch(ctx, detail::SoftmaxForwardArgs{scores.ptr<float>(), scale, probs.ptr<float>(),
+                                           scores.numel() / t, t});
+}
+
+void causal_softmax_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& dprobs,
+                             float scale, const Tensor& dscores) {
+  constexpr const char* k = "causal_softmax_backward";
+  check_backend(ctx, k);
+  const Index t = square_rows(probs, k, "probs");
+  expect(ctx, probs, probs.shape, DType::f32, k, "probs");
+  expect(ctx, dprobs, probs.shape, DType::f32, k, "dprobs");
+  expect(ctx, dscores, probs.shape, DType::f32, k, "dscores");
+  if (!std::isfinite(scale))
+    throw Error(what(k, "scale") + " must be finite, got " + std::to_string(scale));
+  if (probs.numel() == 0) return;
+  dispatch(ctx, detail::SoftmaxBackwardArgs{probs.ptr<float>(), dprobs.ptr<float>(), scale,
+                                            dscores.ptr<float>(), probs.numel() / t, t});
+}
+
+// --- SwiGLU ------------------------------------------------------------------------------
+
+void swiglu_forward(const ExecContext& ctx, const Tensor& h1, const Tensor& h3, const Tensor& out) {
+  constexpr const char* k = "swiglu_forward";
+  check_backend(ctx, k);
+  expect_rank(h1, 1, DType::f32, k, "h1", "(N, F)");
+  expect(ctx, h1, h1.shape, DType::f32, k, "h1");
+  expect(ctx, h3, h1.shape, DType::f32, k, "h3");
+  expect(ctx, out, h1.shape, DType::f32, k, "out");
+  if (h1.numel() == 0) return;
+  dispatch(ctx, detail::SwigluForwardArgs{h1.ptr<float>(), h3.ptr<float>(), out.ptr<float>(),
+                                          h1.numel()});
+}
+
+void swiglu_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& h1, const Tensor& h3,
+                     const Tensor& dh1, const Tensor& dh3) {
+  constexpr const char* k = "swiglu_backward";
+  check_backend(ctx, k);
+  expect_rank(h1, 1, DType::f32, k, "h1", "(N, F)");
+  expect(ctx, h1, h1.shape, DType::f32, k, "h1");
+  expect(ctx, h3, h1.shape, DType::f32, k, "h3");
+  expect(ctx, dout, h1.shape, DType::f32, k, "dout");
+  expect(ctx, dh1, h1.shape, DType::f32, k, "dh1");
+  expect(ctx, dh3, h1.shape, DType::f32, k, "dh3");
+  if (h1.numel() == 0) return;
+  dispatch(ctx, detail::SwigluBackwardArgs{dout.ptr<float>(), h1.ptr<float>(), h3.ptr<float>(),
+                                           dh1.ptr<float>(), dh3.ptr<float>(), h1.numel()});
+}
+
+// --- cross-entropy -----------------------------------------------------------------------
+
+namespace {
+void cross_entropy(const ExecContext& ctx, const char* k, const Tensor& logits,
+                   const Tensor& targets, std::int32_t ignore_index, float grad_scale,
+                   const Tensor& losses, const Tensor* dlogits) {
+  check_backend(ctx, k);
+  expect_rank(logits, 2, DType::f32, k, "logits", "(N, V)");
+  const Index v = last(logits.shape);
+  expect(ctx, logits, logits.shape, DType::f32, k, "logits");
+  expect(ctx, targets, drop_last(logits.shape), DType::i32, k, "targets");
+  expect(ctx, losses, drop_last(logits.shape), DType::f32, k, "losses");
+  if (dlogits != nullptr) {
+    expect(ctx, *dlogits, logits.shape, DType::f32, k, "dlogits");
+    if (!std::isfinite(grad_scale))
+      throw Error(what(k, "grad_scale") + " must be finite, got " + std::to_string(grad_scale));
+  }
+  if (v == 0 && targets.numel() > 0)
+    throw Error(what(k, "logits") + ": V = 0, no class to predict");
+  if (targets.numel() == 0) return;
+  dispatch(ctx, detail::CrossEntropyArgs{logits.ptr<float>(), targets.ptr<std::int32_t>(),
+                                         ignore_index, grad_scale, losses.ptr<float>(),
+                                         dlogits != nullptr ? dlogits->ptr<float>() : nullptr,
+                                         targets.numel(), v});
+}
+}  // namespace
+
+void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& targets,
+                           std::int32_t ignore_index, const Tensor& losses) {
+  cross_entropy(ctx, "cross_entropy_forward", logits, targets, ignore_index, 1.0f, losses, nullptr);
+}
+
+void cross_entropy_fused(const ExecContext& ctx, const Tensor& logits, const Tensor& targets,
+                         std::int32_t ignore_index, float grad_scale, const Tensor& losses,
+                         const Tensor& dlogits) {
+  cross_entropy(ctx, "cross_entropy_fused", logits, targets, ignore_index, grad_scale, losses,
+                &dlogits);
+}
+
+// --- elementwise -------------------------------------------------------------------------
+
+void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out) {
+  constexpr const char* k = "add";
+  check_backend(ctx, k);
+  expect(ctx, a, a.shape, DType::f32, k, "a");
+  expect(ctx, b, a.shape, DType::f32, k, "b");
+  expect(ctx, out, a.shape, DType::f32, k, "out");
+  if (a.numel() == 0) return;
+  dispatch(ctx, detail::AddArgs{a.ptr<float>(), b.ptr<float>(), out.ptr<float>(), a.numel()});
+}
+
+void accumulate(const ExecContext& ctx, const Tensor& x, const Tensor& y) {
+  constexpr const char* k = "accumulate";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  expect(ctx, y, x.shape, DType::f32, k, "y");
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::AccumulateArgs{x.ptr<float>(), y.ptr<float>(), x.numel()});
+}
+
+void zero(const ExecContext& ctx, const Tensor& t) {
+  constexpr const char* k = "zero";
+  check_backend(ctx, k);
+  expect(ctx, t, t.shape, t.dtype, k, "t");
+  if (t.numel() == 0) return;
+  dispatch(ctx, detail::ZeroArgs{t.data, t.bytes(), dtype_size(t.dtype)});
+}
+
+}  // namespace dst::kernels

@@ -1,0 +1,87 @@
+#pragma once
+/// \file kernels.hpp
+/// The kernel interface: one function per operation, forward and backward, over Tensors
+/// and an ExecContext. The context's back end decides who runs it: the Kokkos kernels
+/// (kernels/kokkos/, portable, the reference) or the native CUDA kernels (kernels/cuda/,
+/// DSTRAIN_ENABLE_CUDA). Kernels never allocate; every buffer is passed in.
+///
+/// Conventions: N = B*T rows (tokens), C = d_model, F = ffn_dim, V = vocab, H heads of D
+/// dims. All float tensors are f32 for now; token ids are i32. "Writes" overwrites the
+/// output; "accumulates" adds to it (gradient buffers that several uses share: weight
+/// gradients across micro-batches, the residual stream's gradient).
+
+#include <cstdint>
+
+#include "tensor/context.hpp"
+#include "tensor/tensor.hpp"
+
+namespace dst::kernels {
+
+using tensor::ExecContext;
+using tensor::Tensor;
+
+// --- embedding -------------------------------------------------------------------------
+/// Writes out[n, :] = wte[tokens[n], :].  tokens (N) i32, wte (V, C), out (N, C).
+/// Throws dst::Error if a token id is outside [0, V) (checked on the host before launch).
+void embedding_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& wte,
+                       const Tensor& out);
+/// Accumulates dwte[tokens[n], :] += dout[n, :], in a fixed order (deterministic).
+void embedding_backward(const ExecContext& ctx, const Tensor& tokens, const Tensor& dout,
+                        const Tensor& dwte);
+
+// --- RMSNorm ---------------------------------------------------------------------------
+/// Writes rstd[n] = 1 / sqrt(mean_c x[n, c]^2 + eps) and out = x * rstd * w.
+/// x, out (N, C); w (C); rstd (N).
+void rmsnorm_forward(const ExecContext& ctx, const Tensor& x, const Tensor& w, float eps,
+                     const Tensor& out, const Tensor& rstd);
+/// Accumulates dx (N, C) and dw (C) from dout (N, C), x, w and the forward's rstd.
+/// dw's reduction over rows runs in a fixed order (deterministic).
+void rmsnorm_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd, const Tensor& dx, const Tensor& dw);
+
+// --- rotary embeddings (rotate-half convention, as Llama / DeepSeek-LLM) ---------------
+/// Writes the tables cos, sin (T, D/2): angle(t, i) = t * theta^(-2i / D).
+void rope_tables(const ExecContext& ctx, double theta, const Tensor& cos, const Tensor& sin);
+/// In place on x (B, T, H, D): for i < D/2, (x_i, x_{i+D/2}) is rotated by angle(t, i).
+void rope_forward(const ExecContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin);
+/// In place on dx (B, T, H, D): the transpose (inverse) rotation.
+void rope_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& cos, const Tensor& sin);
+
+// --- attention softmax -----------------------------------------------------------------
+/// Writes probs[b, h, i, j] = softmax over j <= i of scale * scores[b, h, i, j]; 0 for j > i.
+/// scores, probs (B, H, T, T); probs may alias scores.
+void causal_softmax_forward(const ExecContext& ctx, const Tensor& scores, float scale,
+                            const Tensor& probs);
+/// Writes dscores = scale * probs * (dprobs - sum_j probs * dprobs), 0 above the diagonal.
+/// (B, H, T, T); dscores may alias dprobs.
+void causal_softmax_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& dprobs,
+                             float scale, const Tensor& dscores);
+
+// --- SwiGLU ------------------------------------------------------------------------------
+/// Writes out = silu(h1) * h3, silu(x) = x / (1 + exp(-x)).  h1, h3, out (N, F).
+void swiglu_forward(const ExecContext& ctx, const Tensor& h1, const Tensor& h3, const Tensor& out);
+/// Writes dh1 = dout * h3 * silu'(h1) and dh3 = dout * silu(h1). dh1/dh3 may alias h1/h3.
+void swiglu_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& h1, const Tensor& h3,
+                     const Tensor& dh1, const Tensor& dh3);
+
+// --- cross-entropy fused with the softmax over the vocabulary --------------------------
+/// Writes losses[n] = logsumexp(logits[n, :]) - logits[n, targets[n]], or 0 where
+/// targets[n] == ignore_index.  logits (N, V); targets (N) i32; losses (N).
+void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits, const Tensor& targets,
+                           std::int32_t ignore_index, const Tensor& losses);
+/// Forward and backward in one pass over each row: writes losses as above and
+/// dlogits[n, :] = grad_scale * (softmax(logits[n, :]) - onehot(targets[n])), 0 for ignored
+/// rows. dlogits may alias logits (the logits buffer becomes its gradient).
+void cross_entropy_fused(const ExecContext& ctx, const Tensor& logits, const Tensor& targets,
+                         std::int32_t ignore_index, float grad_scale, const Tensor& losses,
+                         const Tensor& dlogits);
+
+// --- elementwise -------------------------------------------------------------------------
+/// Writes out = a + b (same shapes; out may alias a or b). The residual connection.
+void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out);
+/// Accumulates y += x (same shapes).
+void accumulate(const ExecContext& ctx, const Tensor& x, const Tensor& y);
+/// Writes t = 0.
+void zero(const ExecContext& ctx, const Tensor& t);
+
+}  // namespace dst::kernels

@@ -1,0 +1,74 @@
+// Elementwise kernels: the residual add, gradient accumulation, zero fill.
+#include <cstdint>
+
+#include "kernels/kokkos/detail/common.hpp"
+#include "kernels/kokkos/kokkos_backend.hpp"
+
+namespace dst::kernels::kokkos_backend {
+namespace detail {
+namespace {
+
+/// out may alias a or b: element i reads a(i), b(i) and then writes out(i).
+template <class ExecSpace>
+void add(const ExecSpace& space, const Vector<ExecSpace, const float>& a,
+         const Vector<ExecSpace, const float>& b, const Vector<ExecSpace, float>& out) {
+  Kokkos::parallel_for(
+      "dst::kernels::add::elements", Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))),
+      KOKKOS_LAMBDA(const Index i) { out(i) = a(i) + b(i); });
+}
+
+template <class ExecSpace>
+void accumulate(const ExecSpace& space, const Vector<ExecSpace, const float>& x,
+                const Vector<ExecSpace, float>& y) {
+  Kokkos::parallel_for(
+      "dst::kernels::accumulate::elements",
+      Range<ExecSpace>(space, 0, static_cast<Index>(y.extent(0))),
+      KOKKOS_LAMBDA(const Index i) { y(i) += x(i); });
+}
+
+/// Zero bits are zero in every dtype here (IEEE +0, integers, bf16/f16), so the fill is by
+/// element width, not by dtype.
+template <class ExecSpace, class Word>
+void zero(const ExecSpace& space, const Vector<ExecSpace, Word>& t) {
+  Kokkos::parallel_for(
+      "dst::kernels::zero::elements", Range<ExecSpace>(space, 0, static_cast<Index>(t.extent(0))),
+      KOKKOS_LAMBDA(const Index i) { t(i) = Word(0); });
+}
+
+}  // namespace
+}  // namespace detail
+
+using Space = Kokkos::DefaultExecutionSpace;
+
+void run(const kernels::detail::AddArgs& a) {
+  using namespace detail;
+  add(Space(), Vector<Space, const float>(a.a, a.n), Vector<Space, const float>(a.b, a.n),
+      Vector<Space, float>(a.out, a.n));
+}
+
+void run(const kernels::detail::AccumulateArgs& a) {
+  using namespace detail;
+  accumulate(Space(), Vector<Space, const float>(a.x, a.n), Vector<Space, float>(a.y, a.n));
+}
+
+void run(const kernels::detail::ZeroArgs& a) {
+  using namespace detail;
+  const auto n = static_cast<Index>(a.bytes / a.element_size);
+  switch (a.element_size) {
+    case 8:
+      zero(Space(), Vector<Space, std::uint64_t>(static_cast<std::uint64_t*>(a.data), n));
+      return;
+    case 4:
+      zero(Space(), Vector<Space, std::uint32_t>(static_cast<std::uint32_t*>(a.data), n));
+      return;
+    case 2:
+      zero(Space(), Vector<Space, std::uint16_t>(static_cast<std::uint16_t*>(a.data), n));
+      return;
+    default:
+      zero(Space(), Vector<Space, std::uint8_t>(static_cast<std::uint8_t*>(a.data),
+                                                static_cast<Index>(a.bytes)));
+      return;
+  }
+}
+
+}  // namespace dst::kernels::kokkos_backend

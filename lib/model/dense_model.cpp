@@ -1,0 +1,337 @@
+#include "model/dense_model.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "blas/gemm.hpp"
+#include "core/error.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dst::model {
+
+namespace {
+using blas::Trans;
+using tensor::Arena;
+using tensor::Shape;
+using tensor::Tensor;
+
+/// Parameter indices of one block.
+struct BlockParams {
+  std::size_t ln1, q, k, v, o, ln2, gate, up, down;
+};
+
+/// What one block keeps from forward for backward.  N = B*T.
+struct BlockActs {
+  Tensor x;      // (N, C)   block input (residual stream)
+  Tensor ln1;    // (N, C)   rmsnorm(x)
+  Tensor rstd1;  // (N)
+  Tensor q;      // (N, H*D) after RoPE
+  Tensor k;      // (N, KV*D) after RoPE
+  Tensor v;      // (N, KV*D)
+  Tensor probs;  // (B, H, T, T) attention probabilities
+  Tensor attn;   // (N, H*D) attention output, before o_proj
+  Tensor mid;    // (N, C)   x + o_proj(attn)
+  Tensor ln2;    // (N, C)   rmsnorm(mid)
+  Tensor rstd2;  // (N)
+  Tensor h1;     // (N, F)   gate_proj(ln2)
+  Tensor h3;     // (N, F)   up_proj(ln2)
+  Tensor g;      // (N, F)   silu(h1) * h3
+};
+}  // namespace
+
+struct DenseModel::Impl {
+  config::ModelSection m;
+  tensor::ExecContext ctx;
+  std::int64_t B, T, N, C, H, KV, D, F, V, L;
+  float eps, scale;
+  Arena acts{"activations", Arena::Mode::plan};
+  Arena work{"workspace", Arena::Mode::plan};
+
+  std::size_t wte = 0, norm = 0, head = 0;
+  std::vector<BlockParams> blocks;
+
+  std::vector<BlockActs> layer;
+  Tensor tokens, targets;  // (N) i32
+  Tensor final_x;          // (N, C) output of the last block
+  Tensor lnf, rstdf;       // (N, C), (N)
+  Tensor logits;           // (N, V); becomes dlogits in forward_backward
+  Tensor losses;           // (N)
+  Tensor cos, sin;         // (T, D/2) RoPE tables
+  // backward scratch, shared by all layers
+  Tensor d_x;              // (N, C) gradient of the residual stream
+  Tensor d_ln;             // (N, C)
+  Tensor d_q, d_k, d_v;    // (N, H*D), (N, KV*D), (N, KV*D)
+  Tensor d_probs;          // (B, H, T, T)
+  Tensor d_attn;           // (N, H*D)
+  Tensor d_h1, d_h3, d_g;  // (N, F)
+
+  void take_all() {
+    const auto f32 = DType::f32;
+    tokens = acts.take("tokens", {N}, DType::i32);
+    targets = acts.take("targets", {N}, DType::i32);
+    layer.assign(static_cast<std::size_t>(L), BlockActs{});
+    for (auto& a : layer) {
+      a.x = acts.take("x", {N, C}, f32);
+      a.ln1 = acts.take("ln1", {N, C}, f32);
+      a.rstd1 = acts.take("rstd1", {N}, f32);
+      a.q = acts.take("q", {N, H * D}, f32);
+      a.k = acts.take("k", {N, KV * D}, f32);
+      a.v = acts.take("v", {N, KV * D}, f32);
+      a.probs = acts.take("probs", {B, H, T, T}, f32);
+      a.attn = acts.take("attn", {N, H * D}, f32);
+      a.mid = acts.take("mid", {N, C}, f32);
+      a.ln2 = acts.take("ln2", {N, C}, f32);
+      a.rstd2 = acts.take("rstd2", {N}, f32);
+      a.h1 = acts.take("h1", {N, F}, f32);
+      a.h3 = acts.take("h3", {N, F}, f32);
+      a.g = acts.take("g", {N, F}, f32);
+    }
+    final_x = acts.take("final_x", {N, C}, f32);
+    lnf = acts.take("lnf", {N, C}, f32);
+    rstdf = acts.take("rstdf", {N}, f32);
+    logits = acts.take("logits", {N, V}, f32);
+    losses = acts.take("losses", {N}, f32);
+
+    cos = work.take("rope_cos", {T, D / 2}, f32);
+    sin = work.take("rope_sin", {T, D / 2}, f32);
+    d_x = work.take("d_x", {N, C}, f32);
+    d_ln = work.take("d_ln", {N, C}, f32);
+    d_q = work.take("d_q", {N, H * D}, f32);
+    d_k = work.take("d_k", {N, KV * D}, f32);
+    d_v = work.take("d_v", {N, KV * D}, f32);
+    d_probs = work.take("d_probs", {B, H, T, T}, f32);
+    d_attn = work.take("d_attn", {N, H * D}, f32);
+    d_h1 = work.take("d_h1", {N, F}, f32);
+    d_h3 = work.take("d_h3", {N, F}, f32);
+    d_g = work.take("d_g", {N, F}, f32);
+  }
+
+  void attention_forward(ParamStore& ps, const BlockActs& a) {
+    (void)ps;
+    const std::int64_t group = H / KV;  // query heads per key/value head
+    float* q = a.q.ptr<float>();
+    float* k = a.k.ptr<float>();
+    float* v = a.v.ptr<float>();
+    float* p = a.probs.ptr<float>();
+    float* out = a.attn.ptr<float>();
+    // One batched product per head over the B sequences: scores[b, h] (T, T) =
+    // q[b, :, h, :] (T, D) x k[b, :, h / group, :]^T. Rows of q are H*D apart.
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t kh = h / group;
+      blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, T, T, D, 1.0f, q + h * D, H * D,
+                                 T * H * D, k + kh * D, KV * D, T * KV * D, 0.0f, p + h * T * T, T,
+                                 H * T * T, B);
+    }
+    kernels::causal_softmax_forward(ctx, a.probs, scale, a.probs);
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t kh = h / group;
+      // out[b, :, h, :] (T, D) = probs[b, h] (T, T) x v[b, :, kh, :] (T, D)
+      blas::gemm_strided_batched(ctx, Trans::no, Trans::no, T, D, T, 1.0f, p + h * T * T, T,
+                                 H * T * T, v + kh * D, KV * D, T * KV * D, 0.0f, out + h * D,
+                                 H * D, T * H * D, B);
+    }
+  }
+
+  void attention_backward(const BlockActs& a) {
+    const std::int64_t group = H / KV;
+    const float* q = a.q.ptr<float>();
+    const float* k = a.k.ptr<float>();
+    const float* v = a.v.ptr<float>();
+    const float* p = a.probs.ptr<float>();
+    const float* da = d_attn.ptr<float>();
+    float* dp = d_probs.ptr<float>();
+    float* dq = d_q.ptr<float>();
+    float* dk = d_k.ptr<float>();
+    float* dv = d_v.ptr<float>();
+    // Query heads sharing a key/value head add into its gradient: start from zero.
+    kernels::zero(ctx, d_k);
+    kernels::zero(ctx, d_v);
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t kh = h / group;
+      // d_probs[b, h] (T, T) = d_attn[b, :, h, :] (T, D) x v[b, :, kh, :]^T
+      blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, T, T, D, 1.0f, da + h * D, H * D,
+                                 T * H * D, v + kh * D, KV * D, T * KV * D, 0.0f, dp + h * T * T, T,
+                                 H * T * T, B);
+      // d_v[b, :, kh, :] (T, D) += probs[b, h]^T (T, T) x d_attn[b, :, h, :] (T, D)
+      blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, T, D, T, 1.0f, p + h * T * T, T,
+                                 H * T * T, da + h * D, H * D, T * H * D, 1.0f, dv + kh * D, KV * D,
+                                 T * KV * D, B);
+    }
+    kernels::causal_softmax_backward(ctx, a.probs, d_probs, scale, d_probs);  // -> d_scores
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t kh = h / group;
+      // d_q[b, :, h, :] (T, D) = d_scores[b, h] (T, T) x k[b, :, kh, :] (T, D)
+      blas::gemm_strided_batched(ctx, Trans::no, Trans::no, T, D, T, 1.0f, dp + h * T * T, T,
+                                 H * T * T, k + kh * D, KV * D, T * KV * D, 0.0f, dq + h * D, H * D,
+                                 T * H * D, B);
+      // d_k[b, :, kh, :] (T, D) += d_scores[b, h]^T (T, T) x q[b, :, h, :] (T, D)
+      blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, T, D, T, 1.0f, dp + h * T * T, T,
+                                 H * T * T, q + h * D, H * D, T * H * D, 1.0f, dk + kh * D, KV * D,
+                                 T * KV * D, B);
+    }
+    kernels::rope_backward(ctx, d_q.reshaped({B, T, H, D}), cos, sin);
+    kernels::rope_backward(ctx, d_k.reshaped({B, T, KV, D}), cos, sin);
+  }
+
+  void forward_pass(ParamStore& ps, const std::int32_t* tok, const std::int32_t* tgt) {
+    std::memcpy(tokens.data, tok, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+    std::memcpy(targets.data, tgt, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+    kernels::embedding_forward(ctx, tokens, ps.param(wte), layer[0].x);
+    for (std::int64_t l = 0; l < L; ++l) {
+      const BlockParams& w = blocks[static_cast<std::size_t>(l)];
+      BlockActs& a = layer[static_cast<std::size_t>(l)];
+      kernels::rmsnorm_forward(ctx, a.x, ps.param(w.ln1), eps, a.ln1, a.rstd1);
+      blas::linear_forward(ctx, a.ln1, ps.param(w.q), a.q);
+      blas::linear_forward(ctx, a.ln1, ps.param(w.k), a.k);
+      blas::linear_forward(ctx, a.ln1, ps.param(w.v), a.v);
+      kernels::rope_forward(ctx, a.q.reshaped({B, T, H, D}), cos, sin);
+      kernels::rope_forward(ctx, a.k.reshaped({B, T, KV, D}), cos, sin);
+      attention_forward(ps, a);
+      blas::linear_forward(ctx, a.attn, ps.param(w.o), a.mid);
+      kernels::add(ctx, a.mid, a.x, a.mid);
+      kernels::rmsnorm_forward(ctx, a.mid, ps.param(w.ln2), eps, a.ln2, a.rstd2);
+      blas::linear_forward(ctx, a.ln2, ps.param(w.gate), a.h1);
+      blas::linear_forward(ctx, a.ln2, ps.param(w.up), a.h3);
+      kernels::swiglu_forward(ctx, a.h1, a.h3, a.g);
+      const Tensor& next = l + 1 < L ? layer[static_cast<std::size_t>(l + 1)].x : final_x;
+      blas::linear_forward(ctx, a.g, ps.param(w.down), next);
+      kernels::add(ctx, next, a.mid, next);
+    }
+    kernels::rmsnorm_forward(ctx, final_x, ps.param(norm), eps, lnf, rstdf);
+    blas::linear_forward(ctx, lnf, ps.param(head), logits);
+  }
+
+  void backward_pass(ParamStore& ps) {
+    // logits now holds d(loss)/d(logits) (cross_entropy_fused wrote it in place).
+    blas::linear_backward(ctx, logits, lnf, ps.param(head), d_ln, ps.grad(head));
+    kernels::zero(ctx, d_x);
+    kernels::rmsnorm_backward(ctx, d_ln, final_x, ps.param(norm), rstdf, d_x, ps.grad(norm));
+    for (std::int64_t l = L - 1; l >= 0; --l) {
+      const BlockParams& w = blocks[static_cast<std::size_t>(l)];
+      const BlockActs& a = layer[static_cast<std::size_t>(l)];
+      // MLP branch: next = mid + down(g); d_x holds d(loss)/d(next).
+      blas::linear_backward(ctx, d_x, a.g, ps.param(w.down), d_g, ps.grad(w.down));
+      kernels::swiglu_backward(ctx, d_g, a.h1, a.h3, d_h1, d_h3);
+      blas::linear_backward(ctx, d_h1, a.ln2, ps.param(w.gate), d_ln, ps.grad(w.gate));
+      blas::linear_backward(ctx, d_h3, a.ln2, ps.param(w.up), d_ln, ps.grad(w.up), true);
+      kernels::rmsnorm_backward(ctx, d_ln, a.mid, ps.param(w.ln2), a.rstd2, d_x, ps.grad(w.ln2));
+      // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
+      blas::linear_backward(ctx, d_x, a.attn, ps.param(w.o), d_attn, ps.grad(w.o));
+      attention_backward(a);
+      blas::linear_backward(ctx, d_q, a.ln1, ps.param(w.q), d_ln, ps.grad(w.q));
+      blas::linear_backward(ctx, d_k, a.ln1, ps.param(w.k), d_ln, ps.grad(w.k), true);
+      blas::linear_backward(ctx, d_v, a.ln1, ps.param(w.v), d_ln, ps.grad(w.v), true);
+      kernels::rmsnorm_backward(ctx, d_ln, a.x, ps.param(w.ln1), a.rstd1, d_x, ps.grad(w.ln1));
+    }
+    kernels::embedding_backward(ctx, tokens, d_x, ps.grad(wte));
+  }
+
+  double sum_losses(std::int64_t* valid) const {
+    const float* l = losses.ptr<float>();
+    const std::int32_t* t = targets.ptr<std::int32_t>();
+    double sum = 0.0;  // fixed order: deterministic
+    std::int64_t n = 0;
+    for (std::int64_t i = 0; i < N; ++i) {
+      if (t[i] == kIgnoreIndex) continue;
+      sum += static_cast<double>(l[i]);
+      ++n;
+    }
+    if (valid) *valid = n;
+    return sum;
+  }
+};
+
+DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
+                       tensor::Arena::Mode mode, tensor::ExecContext ctx)
+    : impl_(std::make_unique<Impl>()),
+      params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode)),
+      B_(batch),
+      T_(seq_len) {
+  if (batch < 1 || seq_len < 1 || seq_len > m.max_seq_len)
+    throw Error("model: micro-batch " + std::to_string(batch) + " x seq_len " +
+                std::to_string(seq_len) + " is invalid for max_seq_len " +
+                std::to_string(m.max_seq_len));
+  if (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0 ||
+      (m.d_model / m.n_heads) % 2 != 0)
+    throw Error(
+        "model: d_model must split into n_heads even head dims and n_kv_heads must "
+        "divide n_heads");
+  Impl& s = *impl_;
+  s.m = m;
+  s.ctx = ctx;
+  s.B = batch;
+  s.T = seq_len;
+  s.N = batch * seq_len;
+  s.C = m.d_model;
+  s.H = m.n_heads;
+  s.KV = m.n_kv_heads;
+  s.D = m.d_model / m.n_heads;
+  s.F = m.ffn_dim;
+  s.V = m.vocab_size;
+  s.L = m.n_layers;
+  s.eps = static_cast<float>(m.norm_eps);
+  s.scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+
+  const ParamStore& ps = *params_;
+  s.wte = ps.index_of("model.embed_tokens.weight");
+  s.norm = ps.index_of("model.norm.weight");
+  s.head = m.tie_embeddings ? s.wte : ps.index_of("lm_head.weight");
+  for (std::int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    s.blocks.push_back(BlockParams{
+        ps.index_of(pre + "input_layernorm.weight"), ps.index_of(pre + "self_attn.q_proj.weight"),
+        ps.index_of(pre + "self_attn.k_proj.weight"), ps.index_of(pre + "self_attn.v_proj.weight"),
+        ps.index_of(pre + "self_attn.o_proj.weight"),
+        ps.index_of(pre + "post_attention_layernorm.weight"),
+        ps.index_of(pre + "mlp.gate_proj.weight"), ps.index_of(pre + "mlp.up_proj.weight"),
+        ps.index_of(pre + "mlp.down_proj.weight")});
+  }
+  // Layout pass, then (for a real model) the same layout over blocks of the planned size.
+  s.take_all();
+  if (mode == Arena::Mode::allocate) {
+    const std::size_t act_bytes = s.acts.used_bytes();
+    const std::size_t work_bytes = s.work.used_bytes();
+    s.acts = Arena("activations", Arena::Mode::allocate, act_bytes);
+    s.work = Arena("workspace", Arena::Mode::allocate, work_bytes);
+    s.take_all();
+    kernels::rope_tables(s.ctx, m.rope_theta, s.cos, s.sin);
+  }
+}
+
+DenseModel::~DenseModel() = default;
+
+ModelMemory DenseModel::memory() const {
+  ModelMemory mem;
+  mem.parameters = params_->buffer_elements() * sizeof(float);
+  mem.gradients = params_->buffer_elements() * sizeof(float);
+  mem.activations = impl_->acts.used_bytes();
+  mem.workspace = impl_->work.used_bytes();
+  return mem;
+}
+
+double DenseModel::forward(const std::int32_t* tokens, const std::int32_t* targets,
+                           std::int64_t* valid_tokens) {
+  if (params_->planning()) throw Error("model: forward() on a model built only to plan");
+  impl_->forward_pass(*params_, tokens, targets);
+  kernels::cross_entropy_forward(impl_->ctx, impl_->logits, impl_->targets, kIgnoreIndex,
+                                 impl_->losses);
+  return impl_->sum_losses(valid_tokens);
+}
+
+double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32_t* targets,
+                                    float grad_scale, std::int64_t* valid_tokens) {
+  if (params_->planning()) throw Error("model: forward_backward() on a model built only to plan");
+  Impl& s = *impl_;
+  s.forward_pass(*params_, tokens, targets);
+  kernels::cross_entropy_fused(s.ctx, s.logits, s.targets, kIgnoreIndex, grad_scale, s.losses,
+                               s.logits);
+  const double loss = s.sum_losses(valid_tokens);
+  s.backward_pass(*params_);
+  return loss;
+}
+
+tensor::Tensor DenseModel::logits() const {
+  return impl_->logits;
+}
+
+}  // namespace dst::model

@@ -1,0 +1,74 @@
+#pragma once
+/// \file dense_model.hpp
+/// The DeepSeek-LLM dense decoder (Llama-style), with explicit forward and backward:
+///   embedding -> L x [x += attn(rmsnorm(x)); x += mlp(rmsnorm(x))] -> rmsnorm -> head
+/// attn: causal self-attention, rotary embeddings (rotate-half), MHA or GQA;
+/// mlp: SwiGLU, down(silu(gate(x)) * up(x)); loss: cross-entropy with an ignore index.
+///
+/// Every buffer comes from the config, sized once: parameters and gradients in the
+/// ParamStore, activations kept for backward in one arena, backward scratch in another.
+/// Constructing the model in Arena::Mode::plan runs the same layout code and allocates
+/// nothing: that is how `dstrain check` sizes a 67B model.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "model/param_store.hpp"
+#include "tensor/arena.hpp"
+#include "tensor/context.hpp"
+
+namespace dst::model {
+
+/// Targets equal to this are padding: no loss, no gradient (PyTorch's default).
+inline constexpr std::int32_t kIgnoreIndex = -100;
+
+/// Bytes a model instance takes, by kind (from the layout pass).
+struct ModelMemory {
+  std::uint64_t parameters = 0;
+  std::uint64_t gradients = 0;
+  std::uint64_t activations = 0;  ///< kept from forward for backward, one micro-batch
+  std::uint64_t workspace = 0;    ///< backward scratch and RoPE tables
+};
+
+class DenseModel {
+ public:
+  /// A model for micro-batches of `batch` sequences of `seq_len` tokens.
+  DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
+             tensor::Arena::Mode mode, tensor::ExecContext ctx = {});
+  ~DenseModel();
+  DenseModel(const DenseModel&) = delete;
+  DenseModel& operator=(const DenseModel&) = delete;
+
+  ParamStore& params() { return *params_; }
+  const ParamStore& params() const { return *params_; }
+  ModelMemory memory() const;
+  std::int64_t batch() const { return B_; }
+  std::int64_t seq_len() const { return T_; }
+
+  /// Loss over a micro-batch: tokens, targets (B, T) i32, host memory. Returns the sum of
+  /// per-token losses over non-ignored targets; `valid_tokens` (if given) their count.
+  /// Keeps activations and the logits (logits()) but computes no gradient.
+  double forward(const std::int32_t* tokens, const std::int32_t* targets,
+                 std::int64_t* valid_tokens = nullptr);
+
+  /// Forward and backward: gradients of grad_scale * (sum of token losses) are
+  /// *accumulated* into the gradient buffer (zero it with params().zero_grads() at the
+  /// start of an optimizer step). The trainer passes grad_scale = 1 / (tokens in the
+  /// global batch), so gradients are those of the global mean loss. Returns the loss sum.
+  double forward_backward(const std::int32_t* tokens, const std::int32_t* targets, float grad_scale,
+                          std::int64_t* valid_tokens = nullptr);
+
+  /// Logits (B*T, V) of the last forward() (overwritten by forward_backward's gradient).
+  tensor::Tensor logits() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ParamStore> params_;
+  std::int64_t B_;
+  std::int64_t T_;
+};
+
+}  // namespace dst::model

@@ -1,0 +1,111 @@
+#include "model/param_store.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace dst::model {
+
+std::vector<ParamSpec> dense_parameter_layout(const config::ModelSection& m) {
+  const std::int64_t C = m.d_model;
+  const std::int64_t D = m.d_model / m.n_heads;  // head dim
+  const std::int64_t Q = m.n_heads * D;          // query width (= C)
+  const std::int64_t KV = m.n_kv_heads * D;      // key/value width
+  const std::int64_t F = m.ffn_dim;
+  const std::int64_t V = m.vocab_size;
+  const float out_std = kInitStd / std::sqrt(2.0f * static_cast<float>(m.n_layers));
+
+  std::vector<ParamSpec> p;
+  auto add = [&](std::string name, tensor::Shape shape, Init init, float std, bool decay) {
+    p.push_back(ParamSpec{std::move(name), shape, init, std, decay, 0});
+  };
+  add("model.embed_tokens.weight", {V, C}, Init::normal, kInitStd, true);
+  for (std::int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    add(pre + "input_layernorm.weight", {C}, Init::ones, 0.0f, false);
+    add(pre + "self_attn.q_proj.weight", {Q, C}, Init::normal, kInitStd, true);
+    add(pre + "self_attn.k_proj.weight", {KV, C}, Init::normal, kInitStd, true);
+    add(pre + "self_attn.v_proj.weight", {KV, C}, Init::normal, kInitStd, true);
+    add(pre + "self_attn.o_proj.weight", {C, Q}, Init::normal, out_std, true);
+    add(pre + "post_attention_layernorm.weight", {C}, Init::ones, 0.0f, false);
+    add(pre + "mlp.gate_proj.weight", {F, C}, Init::normal, kInitStd, true);  // w1
+    add(pre + "mlp.up_proj.weight", {F, C}, Init::normal, kInitStd, true);    // w3
+    add(pre + "mlp.down_proj.weight", {C, F}, Init::normal, out_std, true);   // w2
+  }
+  add("model.norm.weight", {C}, Init::ones, 0.0f, false);
+  if (!m.tie_embeddings) add("lm_head.weight", {V, C}, Init::normal, kInitStd, true);
+  return p;
+}
+
+namespace {
+// Offsets are rounded to 16 floats (64 bytes) so every tensor starts on a cache line.
+constexpr std::size_t kAlignElements = tensor::Arena::kAlignment / sizeof(float);
+
+std::size_t layout_offsets(std::vector<ParamSpec>& specs, std::int64_t& count) {
+  std::size_t offset = 0;
+  count = 0;
+  for (auto& s : specs) {
+    s.offset = offset;
+    const auto n = static_cast<std::size_t>(s.shape.numel());
+    count += static_cast<std::int64_t>(n);
+    offset += (n + kAlignElements - 1) / kAlignElements * kAlignElements;
+  }
+  return offset;
+}
+}  // namespace
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode)
+    : specs_(std::move(specs)),
+      buffer_elements_(layout_offsets(specs_, parameter_count_)),
+      params_("parameters", mode, buffer_elements_ * sizeof(float)),
+      grads_("gradients", mode, buffer_elements_ * sizeof(float)) {
+  // Reserve the whole block in each arena so used_bytes reports it.
+  params_.take("flat parameters", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);
+  grads_.take("flat gradients", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);
+}
+
+std::size_t ParamStore::index_of(const std::string& name) const {
+  for (std::size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return i;
+  throw Error("model: no parameter named '" + name + "'");
+}
+
+tensor::Tensor ParamStore::param(std::size_t i) const {
+  tensor::Tensor t;
+  t.shape = specs_.at(i).shape;
+  t.dtype = DType::f32;
+  t.data = planning() ? nullptr : params_data() + specs_[i].offset;
+  return t;
+}
+
+tensor::Tensor ParamStore::grad(std::size_t i) const {
+  tensor::Tensor t;
+  t.shape = specs_.at(i).shape;
+  t.dtype = DType::f32;
+  t.data = planning() ? nullptr : grads_data() + specs_[i].offset;
+  return t;
+}
+
+void ParamStore::initialize(std::uint64_t seed) {
+  if (planning()) throw Error("model: cannot initialise a parameter store that only plans");
+  for (const auto& s : specs_) {
+    float* p = params_data() + s.offset;
+    const auto n = static_cast<std::uint64_t>(s.shape.numel());
+    if (s.init == Init::ones) {
+      for (std::uint64_t j = 0; j < n; ++j)
+        p[j] = 1.0f;
+    } else {
+      const std::uint64_t stream = core::hash_name(s.name);
+      for (std::uint64_t j = 0; j < n; ++j)
+        p[j] = s.std * core::normal(seed, stream, j);
+    }
+  }
+}
+
+void ParamStore::zero_grads() {
+  if (!planning()) std::memset(grads_data(), 0, buffer_elements_ * sizeof(float));
+}
+
+}  // namespace dst::model
