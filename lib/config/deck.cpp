@@ -427,6 +427,20 @@ void check_keys(const YamlNode& map, const std::string& prefix) {
 void apply_override(YamlNode& root, const Override& o) {
   const TextOrigin origin{"--set " + o.text, true};
   YamlNode value = parse_yaml(o.value, origin, kMaxDeckBytes, kMaxDeckDepth);
+  // Text that YAML reads as no value at all ('%' starts a directive, '#' a comment) must
+  // not silently become an empty or default value.
+  const auto first = o.value.find_first_not_of(" \t");
+  const std::string trimmed =
+      first == std::string::npos
+          ? ""
+          : o.value.substr(first, o.value.find_last_not_of(" \t") - first + 1);
+  if (value.kind == YamlNode::Kind::Null && !trimmed.empty() && trimmed != "~" &&
+      trimmed != "null" && trimmed != "Null" && trimmed != "NULL")
+    throw DeckError(o.path, origin.name,
+                    "'" + o.value +
+                        "' is not a YAML value on its own (it starts with a YAML "
+                        "indicator); quote it: --set " +
+                        o.path + "='\"" + o.value + "\"'");
   YamlNode* node = &root;
   std::string_view rest = o.path;
   std::string path;

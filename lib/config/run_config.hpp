@@ -36,6 +36,8 @@ struct DataSection {
   std::string train;  ///< shard glob or manifest; empty = not configured
   std::string valid;
   std::int64_t seq_len = 256;
+  std::string format = "auto";  ///< auto | hdf5 | text (auto: ".txt" files are text)
+  std::string text_separator;   ///< text: a line equal to this separates documents
 };
 
 struct OptimizerSection {

@@ -154,6 +154,16 @@ void visit_data(V& v, S&... s) {
               .at_least(1)
               .at_most(kIntMax),
           s.seq_len...);
+  v.field("data.format",
+          Spec("How data.train/valid are stored: hdf5 shards, or plain text files read "
+               "with the byte-level vocabulary; auto = text for paths ending in .txt.")
+              .one_of({"auto", "hdf5", "text"}),
+          s.format...);
+  v.field("data.text_separator",
+          Spec("Text data: a line equal to this separates documents; empty = one document "
+               "per file.")
+              .empty_ok(),
+          s.text_separator...);
 }
 
 template <class V, class... S>

@@ -1,5 +1,7 @@
 #include "model/dense_model.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -11,6 +13,10 @@ namespace dst::model {
 
 namespace {
 using blas::Trans;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 using tensor::Arena;
 using tensor::Shape;
 using tensor::Tensor;
@@ -64,6 +70,7 @@ struct DenseModel::Impl {
   Tensor d_probs;          // (B, H, T, T)
   Tensor d_attn;           // (N, H*D)
   Tensor d_h1, d_h3, d_g;  // (N, F)
+  double forward_s = 0.0, backward_s = 0.0;
 
   void take_all() {
     const auto f32 = DType::f32;
@@ -201,11 +208,16 @@ struct DenseModel::Impl {
     blas::linear_forward(ctx, lnf, ps.param(head), logits);
   }
 
-  void backward_pass(ParamStore& ps) {
+  void backward_pass(ParamStore& ps, const std::function<void(std::size_t)>& on_ready) {
+    auto ready = [&](std::size_t offset) {
+      if (on_ready) on_ready(offset);
+    };
     // logits now holds d(loss)/d(logits) (cross_entropy_fused wrote it in place).
     blas::linear_backward(ctx, logits, lnf, ps.param(head), d_ln, ps.grad(head));
     kernels::zero(ctx, d_x);
     kernels::rmsnorm_backward(ctx, d_ln, final_x, ps.param(norm), rstdf, d_x, ps.grad(norm));
+    // Tied: the head's gradient is the embedding's, final only at the very end.
+    if (!m.tie_embeddings) ready(std::min(ps.spec(norm).offset, ps.spec(head).offset));
     for (std::int64_t l = L - 1; l >= 0; --l) {
       const BlockParams& w = blocks[static_cast<std::size_t>(l)];
       const BlockActs& a = layer[static_cast<std::size_t>(l)];
@@ -215,6 +227,7 @@ struct DenseModel::Impl {
       blas::linear_backward(ctx, d_h1, a.ln2, ps.param(w.gate), d_ln, ps.grad(w.gate));
       blas::linear_backward(ctx, d_h3, a.ln2, ps.param(w.up), d_ln, ps.grad(w.up), true);
       kernels::rmsnorm_backward(ctx, d_ln, a.mid, ps.param(w.ln2), a.rstd2, d_x, ps.grad(w.ln2));
+      ready(ps.spec(w.ln2).offset);  // a chance to poll in-flight buckets mid-block
       // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
       blas::linear_backward(ctx, d_x, a.attn, ps.param(w.o), d_attn, ps.grad(w.o));
       attention_backward(a);
@@ -222,8 +235,10 @@ struct DenseModel::Impl {
       blas::linear_backward(ctx, d_k, a.ln1, ps.param(w.k), d_ln, ps.grad(w.k), true);
       blas::linear_backward(ctx, d_v, a.ln1, ps.param(w.v), d_ln, ps.grad(w.v), true);
       kernels::rmsnorm_backward(ctx, d_ln, a.x, ps.param(w.ln1), a.rstd1, d_x, ps.grad(w.ln1));
+      ready(ps.spec(w.ln1).offset);  // the block's first tensor: the whole block is final
     }
     kernels::embedding_backward(ctx, tokens, d_x, ps.grad(wte));
+    ready(0);
   }
 
   double sum_losses(std::int64_t* valid) const {
@@ -312,22 +327,37 @@ ModelMemory DenseModel::memory() const {
 double DenseModel::forward(const std::int32_t* tokens, const std::int32_t* targets,
                            std::int64_t* valid_tokens) {
   if (params_->planning()) throw Error("model: forward() on a model built only to plan");
+  const auto t0 = std::chrono::steady_clock::now();
   impl_->forward_pass(*params_, tokens, targets);
   kernels::cross_entropy_forward(impl_->ctx, impl_->logits, impl_->targets, kIgnoreIndex,
                                  impl_->losses);
+  impl_->forward_s = seconds_since(t0);
+  impl_->backward_s = 0.0;
   return impl_->sum_losses(valid_tokens);
 }
 
 double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32_t* targets,
-                                    float grad_scale, std::int64_t* valid_tokens) {
+                                    float grad_scale, std::int64_t* valid_tokens,
+                                    const std::function<void(std::size_t)>& on_ready) {
   if (params_->planning()) throw Error("model: forward_backward() on a model built only to plan");
   Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(*params_, tokens, targets);
   kernels::cross_entropy_fused(s.ctx, s.logits, s.targets, kIgnoreIndex, grad_scale, s.losses,
                                s.logits);
   const double loss = s.sum_losses(valid_tokens);
-  s.backward_pass(*params_);
+  const auto t1 = std::chrono::steady_clock::now();
+  s.forward_s = std::chrono::duration<double>(t1 - t0).count();
+  s.backward_pass(*params_, on_ready);
+  s.backward_s = seconds_since(t1);
   return loss;
+}
+
+double DenseModel::last_forward_seconds() const {
+  return impl_->forward_s;
+}
+double DenseModel::last_backward_seconds() const {
+  return impl_->backward_s;
 }
 
 tensor::Tensor DenseModel::logits() const {

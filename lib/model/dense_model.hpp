@@ -10,7 +10,9 @@
 /// Constructing the model in Arena::Mode::plan runs the same layout code and allocates
 /// nothing: that is how `dstrain check` sizes a 67B model.
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,8 +59,17 @@ class DenseModel {
   /// *accumulated* into the gradient buffer (zero it with params().zero_grads() at the
   /// start of an optimizer step). The trainer passes grad_scale = 1 / (tokens in the
   /// global batch), so gradients are those of the global mean loss. Returns the loss sum.
+  /// `on_ready(offset)`, if given, is called during backward each time the gradients of
+  /// every parameter at flat-buffer offsets >= offset are final for this micro-batch
+  /// (after the head, twice per block from the last block down, and 0 at the end): the
+  /// trainer starts the all-reduce of finished buckets there and polls those in flight.
   double forward_backward(const std::int32_t* tokens, const std::int32_t* targets, float grad_scale,
-                          std::int64_t* valid_tokens = nullptr);
+                          std::int64_t* valid_tokens = nullptr,
+                          const std::function<void(std::size_t)>& on_ready = {});
+
+  /// Wall time of the last forward and backward passes, in seconds (the phase timers).
+  double last_forward_seconds() const;
+  double last_backward_seconds() const;
 
   /// Logits (B*T, V) of the last forward() (overwritten by forward_backward's gradient).
   tensor::Tensor logits() const;

@@ -608,6 +608,8 @@ const std::vector<std::string> kEveryKeyChanged = {
     "data.train=data/train-[0-9]*.h5",
     "data.valid='123'",
     "data.seq_len=128",
+    "data.format=text",
+    "data.text_separator='%%'",
     "training.max_steps=300",
     "training.global_batch_size=0",
     "training.micro_batch_size=4",
@@ -853,6 +855,21 @@ TEST(Deck, WarmupLongerThanRunIsAnAdvisoryNotAnError) {
   EXPECT_TRUE(
       Contains(notes[0], "training.schedule.warmup_steps (20) exceeds training.max_steps (10)"));
   EXPECT_TRUE(advisories(load_deck_text("training:\n  max_steps: 30\n", "deck.yaml")).empty());
+}
+
+// '%' starts a YAML directive: unquoted it is no value at all, which must be an error,
+// never a silently empty string.
+TEST(DeckOverrides, ValueThatYamlReadsAsNothingIsRefused) {
+  try {
+    load_deck_text("{}", "deck.yaml", overrides_of({"data.text_separator=%"}));
+    FAIL() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_TRUE(Contains(e.what(), "--set data.text_separator=%"));
+    EXPECT_TRUE(Contains(e.what(), "quote it"));
+  }
+  EXPECT_EQ(load_deck_text("{}", "deck.yaml", overrides_of({"data.text_separator='%'"}))
+                .data.text_separator,
+            "%");
 }
 
 }  // namespace
