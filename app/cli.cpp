@@ -39,6 +39,23 @@ exit codes: 0 ok, 2 usage, 3 invalid deck, 4 start-up deadline missed, 5 plan do
 not fit in memory (without --force); see docs/exit-codes.md.
 )" + help_text("common");
   }
+  if (topic == "train") {
+    return R"(usage: dstrain train <deck.yaml> [--set key=value ...] [common options]
+
+Trains the model of the deck on its data, data-parallel over the launched ranks:
+  mpirun -np 2 dstrain train inputs/tiny.yaml
+Rank 0 prints one line per logging.every_steps (loss, learning rate, gradient norm,
+tokens/s, MFU, step time, peak memory, ETA) and per-phase timers; the run directory
+(run.output_dir) gets the resolved deck (deck.yaml) and the metrics (JSON Lines).
+At the end: the final training and validation loss and the bigram baseline of the data.
+
+options:
+  --set key=value     override a deck key (dotted path, YAML value), repeatable
+
+exit codes: 0 ok, 2 usage, 3 invalid deck or data, 4 a deadline missed, 6 non-finite
+gradients (nan_policy abort) or ranks whose parameters differ; see docs/exit-codes.md.
+)" + help_text("common");
+  }
   if (topic == "common") {
     return R"(
 common options:
@@ -55,6 +72,9 @@ deck, launched with srun/sbatch or mpirun.
 
 commands:
   check <deck.yaml>   validate a deck and print the layout and the plan
+  train <deck.yaml>   train the deck's model on its data
+  tokenize            text on stdin to token ids on stdout (--byte or --tokenizer
+                      tokenizer.json; --decode reverses; see dstrain tokenize --help)
   help <command>      help for a command (also: dstrain <command> --help)
 
   --version           version, git revision, and Kokkos/MPI/HDF5/yaml-cpp versions
@@ -79,13 +99,14 @@ Command parse_command_line(int argc, char** argv) {
   if (sub == "-h" || sub == "--help") return cmd;
   if (sub == "help") {
     cmd.help_topic = i < args.size() ? args[i] : "";
-    if (!cmd.help_topic.empty() && cmd.help_topic != "check")
+    if (!cmd.help_topic.empty() && cmd.help_topic != "check" && cmd.help_topic != "train")
       throw UsageError("no help for unknown command '" + cmd.help_topic + "'");
     return cmd;
   }
-  if (sub != "check") throw UsageError("unknown command '" + sub + "' (try: dstrain --help)");
+  if (sub != "check" && sub != "train")
+    throw UsageError("unknown command '" + sub + "' (try: dstrain --help)");
 
-  cmd.kind = Command::Kind::check;
+  cmd.kind = sub == "check" ? Command::Kind::check : Command::Kind::train;
   auto value_of = [&](const std::string& flag) -> std::string {
     if (i >= args.size()) throw UsageError(flag + " needs a value");
     return args[i++];
@@ -100,9 +121,9 @@ Command parse_command_line(int argc, char** argv) {
       cmd.check.overrides.push_back(config::parse_override(value_of(a)));
     } else if (a.rfind("--set=", 0) == 0) {
       cmd.check.overrides.push_back(config::parse_override(a.substr(6)));
-    } else if (a == "--deck-out") {
+    } else if (a == "--deck-out" && sub == "check") {
       cmd.check.deck_out = value_of(a);
-    } else if (a == "--force") {
+    } else if (a == "--force" && sub == "check") {
       cmd.check.force = true;
     } else if (a == "--log-level") {
       cmd.common.log_level = log::parse_level(value_of(a));

@@ -25,10 +25,10 @@ struct CheckOptions {
 };
 
 struct Command {
-  enum class Kind { help, version, check } kind = Kind::help;
+  enum class Kind { help, version, check, train } kind = Kind::help;
   std::string help_topic;  ///< for Kind::help: "" (general) or a subcommand
   CommonOptions common;
-  CheckOptions check;
+  CheckOptions check;  ///< check and train: the deck and its overrides
 };
 
 /// Parses argv; throws dst::UsageError or dst::DeckError (malformed --set).

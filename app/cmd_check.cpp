@@ -9,40 +9,15 @@
 #include "core/version.hpp"
 #include "model/plan.hpp"
 #include "runtime/runtime.hpp"
+#include "session.hpp"
 
 namespace dst::app {
 
 int run_check(runtime::Runtime& rt, const Command& cmd) {
-  const config::RunConfig cfg =
-      runtime::load_deck_collectively(rt, cmd.check.deck, cmd.check.overrides);
-  rt.set_init_timeout_s(cfg.parallel.init_timeout_s);
-
-  // Layout and back ends depend only on the deck, the world size and the build, so every
-  // rank reaches the same verdict; report it once.
-  config::Layout layout;
-  runtime::Backends backends;
-  std::string problem;
-  try {
-    layout = config::resolve_layout(cfg, rt.size());
-    backends = runtime::resolve_backends(cfg, rt.device());
-  } catch (const Error& e) {
-    problem = e.what();
-  }
-  runtime::agree_or_fail(rt.world(), problem.empty(), "invalid run deck: " + problem, kExitDeck,
-                         rt.init_timeout_s(), "layout");
-
-  comm::ProcessGroups groups;
-  {
-    runtime::StartupStep step(rt.watchdog(), "process groups and test collective", 0.0);  // polled
-    groups = comm::make_process_groups(rt.world(), layout, cfg.parallel.init_timeout_s);
-    comm::verify_process_groups(groups);
-  }
-  DST_LOG(info, "dstrain " << core::version() << " (git " << core::git_hash() << ") check "
-                           << cmd.check.deck);
-  log::info(runtime::describe_layout(rt, layout, backends));
-  if (rt.rank() == 0)
-    for (const auto& note : config::advisories(cfg))
-      log::warn(note);
+  Session session = start_session(rt, cmd.check.deck, cmd.check.overrides, "check");
+  const config::RunConfig& cfg = session.config;
+  const config::Layout& layout = session.layout;
+  comm::ProcessGroups& groups = session.groups;
   const std::string resolved = config::to_yaml(cfg);
   log::info("resolved deck:\n" + resolved);
   if (!cmd.check.deck_out.empty() && rt.rank() == 0) {

@@ -2,6 +2,7 @@
 // a library error on any rank is printed as `[rank R] error: ...` and ends the job.
 #include <cstdio>
 #include <exception>
+#include <string_view>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -27,6 +28,9 @@ int run_parallel(int& argc, char**& argv, const dst::app::Command& cmd, Body bod
       code = body(rt, cmd);
     } catch (const runtime::JobFailed& f) {
       code = f.exit_code();
+    } catch (const CollectiveError& e) {  // every rank has it: print once, end normally
+      if (rt.rank() == 0) log::error(e.what());
+      code = e.exit_code();
     } catch (const TimeoutError& e) {
       runtime::abort_job(e.what(), kExitTimeout);
     } catch (const DeckError& e) {
@@ -46,6 +50,9 @@ int main(int argc, char** argv) {
   using namespace dst;
   // Before MPI is up, the launcher's environment tells which rank we are, so usage errors
   // under `mpirun -np 8` are printed once (by rank 0), not eight times.
+  // `tokenize` is a plain filter (stdin to stdout): no MPI, no Kokkos.
+  if (argc >= 2 && std::string_view(argv[1]) == "tokenize")
+    return app::run_tokenize(argc - 1, argv + 1);
   const int env_rank = runtime::rank_from_environment();
   log::set_rank(env_rank);
   app::Command cmd;
@@ -66,6 +73,8 @@ int main(int argc, char** argv) {
       return kExitOk;
     case app::Command::Kind::check:
       return run_parallel(argc, argv, cmd, app::run_check);
+    case app::Command::Kind::train:
+      return run_parallel(argc, argv, cmd, app::run_train);
   }
   return kExitError;
 }

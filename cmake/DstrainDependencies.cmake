@@ -35,6 +35,9 @@ else()
   set(DSTRAIN_YAML_TARGET yaml-cpp)  # yaml-cpp 0.7 exports the bare name
 endif()
 
+# --- JSON (metrics, tokenizer.json) ------------------------------------------------
+find_package(nlohmann_json 3 REQUIRED)
+
 # --- BLAS (OpenBLAS's CBLAS) --------------------------------------------------
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)

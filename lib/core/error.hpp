@@ -35,6 +35,19 @@ class DeckError : public Error {
   std::string where_;
 };
 
+/// A failure every rank of a collective step detected alike and throws with the same
+/// message (a deck error found everywhere, non-finite gradients after the all-reduce,
+/// diverged parameters). The application prints it once (rank 0) and every rank exits
+/// with exit_code(), without aborting MPI.
+class CollectiveError : public Error {
+ public:
+  CollectiveError(const std::string& what, int exit_code) : Error(what), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
 /// A deadline passed: a collective or a start-up step did not complete in time.
 class TimeoutError : public Error {
  public:

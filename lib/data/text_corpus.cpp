@@ -10,19 +10,16 @@
 namespace dst::data {
 
 namespace {
+
 void append_document(std::vector<std::int32_t>& stream, const std::string& text) {
   stream.reserve(stream.size() + text.size() + 1);
   for (const unsigned char c : text)
     stream.push_back(static_cast<std::int32_t>(c));
   stream.push_back(kByteEos);
 }
-}  // namespace
 
-TextCorpus load_text_corpus(const std::vector<std::string>& paths, const std::string& separator,
-                            int valid_every) {
-  if (valid_every < 2)
-    throw Error("text corpus: valid_every must be >= 2, got " + std::to_string(valid_every));
-  TextCorpus corpus;
+std::vector<std::string> read_documents(const std::vector<std::string>& paths,
+                                        const std::string& separator) {
   std::vector<std::string> docs;
   for (const auto& path : paths) {
     std::ifstream in(path, std::ios::binary);
@@ -46,14 +43,34 @@ TextCorpus load_text_corpus(const std::vector<std::string>& paths, const std::st
     }
     if (in.bad()) throw Error("text corpus: error while reading '" + path + "'");
   }
+  return docs;
+}
+
+}  // namespace
+
+TextCorpus load_text_corpus(const std::vector<std::string>& paths, const std::string& separator,
+                            int valid_every) {
+  if (valid_every < 2)
+    throw Error("text corpus: valid_every must be >= 2, got " + std::to_string(valid_every));
+  TextCorpus corpus;
+  const auto docs = read_documents(paths, separator);
   for (std::size_t i = 0; i < docs.size(); ++i) {
     corpus.bytes += static_cast<std::int64_t>(docs[i].size());
-    append_document(
-        (i + 1) % static_cast<std::size_t>(valid_every) == 0 ? corpus.valid : corpus.train,
-        docs[i]);
+    const bool held_out = (i + 1) % static_cast<std::size_t>(valid_every) == 0;
+    append_document(held_out ? corpus.valid : corpus.train, docs[i]);
   }
   corpus.documents = static_cast<std::int64_t>(docs.size());
   return corpus;
+}
+
+std::vector<std::int32_t> load_text_stream(const std::vector<std::string>& paths,
+                                           const std::string& separator, std::int64_t* documents) {
+  const auto docs = read_documents(paths, separator);
+  std::vector<std::int32_t> stream;
+  for (const auto& d : docs)
+    append_document(stream, d);
+  if (documents) *documents = static_cast<std::int64_t>(docs.size());
+  return stream;
 }
 
 std::int64_t sample_count(const std::vector<std::int32_t>& stream, std::int64_t seq_len) {

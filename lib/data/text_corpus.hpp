@@ -29,6 +29,13 @@ struct TextCorpus {
 TextCorpus load_text_corpus(const std::vector<std::string>& paths, const std::string& separator,
                             int valid_every);
 
+/// Reads `paths` as one byte-level token stream: every document followed by EOS, one
+/// document per file, or documents separated by lines equal to `separator` if it is not
+/// empty. Throws dst::Error naming a file that cannot be read.
+std::vector<std::int32_t> load_text_stream(const std::vector<std::string>& paths,
+                                           const std::string& separator,
+                                           std::int64_t* documents = nullptr);
+
 /// Number of full samples of length seq_len (+1 target) in a stream.
 std::int64_t sample_count(const std::vector<std::int32_t>& stream, std::int64_t seq_len);
 

@@ -378,4 +378,91 @@ void zero(const ExecContext& ctx, const Tensor& t) {
   dispatch(ctx, detail::ZeroArgs{t.data, t.bytes(), dtype_size(t.dtype)});
 }
 
+void scale(const ExecContext& ctx, const Tensor& x, float factor) {
+  constexpr const char* k = "scale";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  if (!std::isfinite(factor))
+    throw Error(what(k, "factor") + " must be finite, got " + std::to_string(factor));
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::ScaleArgs{x.ptr<float>(), factor, x.numel()});
+}
+
+// --- norms -------------------------------------------------------------------------------
+
+double sum_of_squares(const ExecContext& ctx, const Tensor& x) {
+  constexpr const char* k = "sum_of_squares";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  double result = 0.0;
+  if (x.numel() == 0) return result;
+  dispatch(ctx, detail::SumOfSquaresArgs{x.ptr<float>(), x.numel(), &result});
+  return result;
+}
+
+std::int64_t first_nonfinite(const ExecContext& ctx, const Tensor& x) {
+  constexpr const char* k = "first_nonfinite";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  Index result = -1;
+  if (x.numel() == 0) return result;
+  dispatch(ctx, detail::FirstNonfiniteArgs{x.ptr<float>(), x.numel(), &result});
+  return result;
+}
+
+// --- AdamW -------------------------------------------------------------------------------
+
+void adamw_step(const ExecContext& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,
+                const Tensor& v, const AdamWHyper& h) {
+  constexpr const char* k = "adamw_step";
+  check_backend(ctx, k);
+  expect(ctx, params, params.shape, DType::f32, k, "params");
+  expect(ctx, grads, params.shape, DType::f32, k, "grads");
+  expect(ctx, m, params.shape, DType::f32, k, "m");
+  expect(ctx, v, params.shape, DType::f32, k, "v");
+  // Finiteness first: an ordered comparison with a NaN raises FE_INVALID (a trap in tests).
+  auto check = [&](const char* name, double value, bool (*in_range)(double), const char* range) {
+    if (!std::isfinite(value) || !in_range(value))
+      throw Error(what(k, name) + " must be finite and " + range + ", got " +
+                  std::to_string(value));
+  };
+  check(
+      "lr", h.lr, [](double x) { return x >= 0.0; }, ">= 0");
+  check(
+      "beta1", h.beta1, [](double x) { return x >= 0.0 && x < 1.0; }, "in [0, 1)");
+  check(
+      "beta2", h.beta2, [](double x) { return x >= 0.0 && x < 1.0; }, "in [0, 1)");
+  // eps is applied in float: one that rounds to 0 there would divide 0 by 0.
+  check(
+      "eps", h.eps, [](double x) { return static_cast<float>(x) > 0.0f; }, "> 0 in float");
+  check(
+      "weight_decay", h.weight_decay, [](double x) { return x >= 0.0; }, ">= 0");
+  check(
+      "grad_scale", h.grad_scale, [](double x) { return std::isfinite(static_cast<float>(x)); },
+      "within float range");
+  if (h.step < 1)
+    throw Error(what(k, "step") + " is 1-based (the step being taken), got " +
+                std::to_string(h.step));
+  if (params.numel() == 0) return;
+  // PyTorch's scalars, computed the way it computes them (Python floats, i.e. double)
+  // and rounded to float where they meet the f32 tensors.
+  const double t = static_cast<double>(h.step);
+  const double bias1 = 1.0 - std::pow(h.beta1, t);
+  const double bias2 = 1.0 - std::pow(h.beta2, t);
+  detail::AdamwArgs a{params.ptr<float>(),
+                      grads.ptr<float>(),
+                      m.ptr<float>(),
+                      v.ptr<float>(),
+                      params.numel(),
+                      static_cast<float>(h.grad_scale),
+                      static_cast<float>(1.0 - h.lr * h.weight_decay),
+                      static_cast<float>(1.0 - h.beta1),
+                      static_cast<float>(h.beta2),
+                      static_cast<float>(1.0 - h.beta2),
+                      static_cast<float>(h.lr / bias1),
+                      static_cast<float>(std::sqrt(bias2)),
+                      static_cast<float>(h.eps)};
+  dispatch(ctx, a);
+}
+
 }  // namespace dst::kernels

@@ -83,5 +83,49 @@ void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor&
 void accumulate(const ExecContext& ctx, const Tensor& x, const Tensor& y);
 /// Writes t = 0.
 void zero(const ExecContext& ctx, const Tensor& t);
+/// In place x *= factor (any shape, f32): gradient clipping or loss-scale removal when
+/// they are applied on their own rather than folded into the optimizer (AdamWHyper).
+void scale(const ExecContext& ctx, const Tensor& x, float factor);
+
+// --- norms (gradient clipping, non-finite detection) ------------------------------------
+/// sum_i x[i]^2 over every element of x (any shape, f32), accumulated in double: each
+/// square of a float is exact in double, and the sum of 1e9 terms keeps ~1e-7 relative
+/// accuracy, where a float sum would lose everything past ~2^24 terms. The order is fixed
+/// (chunks of consecutive elements summed in a fixed lane order, chunk sums combined in
+/// the back end's reduction order), so a back end with a fixed thread count returns the
+/// same bits on every run and every rank. NaN and Inf propagate (NaN stays NaN).
+double sum_of_squares(const ExecContext& ctx, const Tensor& x);
+/// Position (flat index) of the first NaN or +-Inf element of x (f32), or -1 when all are
+/// finite. Decided on the bits, so it raises no floating-point exception; a min reduction,
+/// so the answer does not depend on the order.
+std::int64_t first_nonfinite(const ExecContext& ctx, const Tensor& x);
+
+// --- AdamW -------------------------------------------------------------------------------
+/// Hyper-parameters of one AdamW step (host scalars; double so the bias corrections of
+/// late steps are computed without float round-off).
+struct AdamWHyper {
+  double lr = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  ///< 0 for tensors that are not decayed (norm weights)
+  std::int64_t step = 1;      ///< 1-based: the step being taken (bias correction)
+  double grad_scale = 1.0;    ///< multiplies the gradient first: 1 / loss scale x clip factor
+};
+/// One AdamW step (Loshchilov & Hutter, decoupled weight decay) over a contiguous range,
+/// exactly the update of PyTorch's torch.optim.AdamW (single-tensor path), in its order:
+///   g = grad_scale * grads
+///   params *= 1 - lr * weight_decay            (decay first, from the old parameters)
+///   m = lerp(m, g, 1 - beta1)                  (= beta1 m + (1 - beta1) g)
+///   v = beta2 v + (1 - beta2) g^2
+///   params -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+/// i.e. mhat / (sqrt(vhat) + eps) with eps added after the square root of the bias-
+/// corrected v. The per-step scalars are computed in double and rounded to float once;
+/// the element arithmetic is float, like PyTorch's for f32 parameters.
+/// params, grads, m, v: (n) f32 each (any shape, all equal); m and v are the fp32 moments.
+/// grads is only read. Throws dst::Error for a step < 1 or hyper-parameters outside their
+/// ranges (lr >= 0, beta in [0, 1), eps > 0, weight_decay >= 0, all finite).
+void adamw_step(const ExecContext& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,
+                const Tensor& v, const AdamWHyper& h);
 
 }  // namespace dst::kernels

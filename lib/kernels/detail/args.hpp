@@ -121,4 +121,40 @@ struct ZeroArgs {
   std::size_t element_size;  ///< 1, 2, 4 or 8
 };
 
+struct ScaleArgs {
+  float* x;  // (n), scaled in place
+  float factor;
+  Index n;
+};
+
+struct SumOfSquaresArgs {
+  const float* x;  // (n)
+  Index n;
+  double* result;  ///< host memory: the sum
+};
+
+struct FirstNonfiniteArgs {
+  const float* x;  // (n)
+  Index n;
+  Index* result;  ///< host memory: the first position, or -1
+};
+
+/// The float constants of one AdamW step, computed once in kernels.cpp (double, then
+/// rounded) so that every back end applies exactly the same values.
+struct AdamwArgs {
+  float* params;       // (n)
+  const float* grads;  // (n)
+  float* m;            // (n)
+  float* v;            // (n)
+  Index n;
+  float grad_scale;
+  float decay;            ///< 1 - lr * weight_decay
+  float lerp_weight;      ///< 1 - beta1
+  float beta2;            ///< beta2
+  float one_minus_beta2;  ///< 1 - beta2
+  float step_size;        ///< lr / (1 - beta1^t)
+  float bias2_sqrt;       ///< sqrt(1 - beta2^t)
+  float eps;
+};
+
 }  // namespace dst::kernels::detail

@@ -1,0 +1,157 @@
+// dstrain tokenize: text on stdin -> token ids on stdout, or back with --decode. Runs
+// without MPI or Kokkos: it is a filter for inspecting and preparing data.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "data/tokenizer/bpe_tokenizer.hpp"
+#include "data/tokenizer/byte_tokenizer.hpp"
+
+namespace dst::app {
+
+namespace {
+
+constexpr const char* kTokenizeUsage =
+    "usage: dstrain tokenize (--tokenizer PATH | --byte) [--decode] [--add-special]\n"
+    "\n"
+    "Reads UTF-8 text on stdin and writes its token ids to stdout, separated by single\n"
+    "spaces, ending with a newline. The whole input is one text (tokenization depends on\n"
+    "context, so it is not split into lines).\n"
+    "\n"
+    "  --tokenizer PATH  a Hugging Face tokenizer.json (byte-level BPE, e.g. DeepSeek-V3);\n"
+    "                    a tokenizer_config.json next to it says what --add-special adds\n"
+    "  --byte            the byte-level tokenizer of the small presets (vocab 260)\n"
+    "  --add-special     add the tokenizer's document markers (byte: <|bos|> ... <|eos|>)\n"
+    "  --decode          read whitespace-separated ids on stdin, write the text they stand\n"
+    "                    for (special tokens as their text)\n"
+    "  -h, --help        this help\n"
+    "\n"
+    "Invalid UTF-8 in the input: the byte tokenizer keeps the bytes as they are; BPE\n"
+    "encodes each ill-formed sequence as U+FFFD (see docs/tokenizers.md).\n";
+
+struct Options {
+  std::string tokenizer;  // path, or empty with `byte`
+  bool byte = false;
+  bool decode = false;
+  bool add_special = false;
+  bool help = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+    } else if (a == "--byte") {
+      o.byte = true;
+    } else if (a == "--decode") {
+      o.decode = true;
+    } else if (a == "--add-special") {
+      o.add_special = true;
+    } else if (a == "--tokenizer") {
+      if (i + 1 >= argc) throw UsageError("tokenize: --tokenizer needs a path");
+      o.tokenizer = argv[++i];
+    } else if (a.substr(0, 12) == "--tokenizer=") {
+      o.tokenizer = std::string(a.substr(12));
+    } else {
+      throw UsageError("tokenize: unknown option '" + std::string(a) + "'");
+    }
+  }
+  if (o.help) return o;
+  if (o.byte == !o.tokenizer.empty())
+    throw UsageError("tokenize: give exactly one of --tokenizer PATH and --byte");
+  if (o.decode && o.add_special)
+    throw UsageError("tokenize: --add-special applies to encoding, not to --decode");
+  return o;
+}
+
+std::string read_stdin() {
+  std::string s;
+  char buf[1 << 16];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0)
+    s.append(buf, n);
+  if (std::ferror(stdin)) throw Error("tokenize: error reading stdin");
+  return s;
+}
+
+/// Whitespace-separated decimal ids; anything else is named with its position.
+std::vector<data::TokenId> parse_ids(const std::string& text) {
+  std::vector<data::TokenId> ids;
+  std::size_t i = 0;
+  const auto is_space = [](char c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v';
+  };
+  while (i < text.size()) {
+    if (is_space(text[i])) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < text.size() && !is_space(text[j]))
+      ++j;
+    const std::string word = text.substr(i, j - i);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(word.c_str(), &end, 10);
+    if (end != word.c_str() + word.size() || errno != 0 || v < 0 ||
+        v > std::numeric_limits<data::TokenId>::max())
+      throw Error("tokenize --decode: '" + word + "' (id number " + std::to_string(ids.size() + 1) +
+                  ") is not a token id");
+    ids.push_back(static_cast<data::TokenId>(v));
+    i = j;
+  }
+  return ids;
+}
+
+void write_stdout(const std::string& s) {
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    throw Error("tokenize: error writing stdout");
+}
+
+}  // namespace
+
+int run_tokenize(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    if (o.help) {
+      std::fputs(kTokenizeUsage, stdout);
+      return kExitOk;
+    }
+    const std::unique_ptr<data::Tokenizer> tok =
+        o.byte ? data::make_byte_tokenizer()
+               : std::unique_ptr<data::Tokenizer>(data::BpeTokenizer::from_file(o.tokenizer));
+    const std::string input = read_stdin();
+    if (o.decode) {
+      write_stdout(tok->decode(parse_ids(input)));
+      return kExitOk;
+    }
+    const std::vector<data::TokenId> ids = tok->encode(input, o.add_special);
+    std::string out;
+    out.reserve(ids.size() * 6 + 1);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i != 0) out += ' ';
+      out += std::to_string(ids[i]);
+    }
+    out += '\n';
+    write_stdout(out);
+    return kExitOk;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "dstrain: error: %s (see 'dstrain tokenize --help')\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dstrain: error: %s\n", e.what());
+    return kExitError;
+  }
+}
+
+}  // namespace dst::app

@@ -1,0 +1,219 @@
+#include <cblas.h>
+#include <glob.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "core/log.hpp"
+#include "data/byte_vocab.hpp"
+#include "model/plan.hpp"
+#include "session.hpp"
+#include "train/baseline.hpp"
+#include "train/metrics.hpp"
+#include "train/text_store.hpp"
+#include "train/trainer.hpp"
+
+namespace dst::app {
+
+namespace {
+
+/// data.train / data.valid: comma-separated paths, each may be a glob.
+std::vector<std::string> expand_paths(const std::string& spec, const char* key) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= spec.size()) {
+    const std::size_t comma = spec.find(',', start);
+    const std::string item =
+        spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) {
+      glob_t g{};
+      const int rc = ::glob(item.c_str(), 0, nullptr, &g);
+      if (rc == 0) {
+        for (std::size_t i = 0; i < g.gl_pathc; ++i)
+          out.emplace_back(g.gl_pathv[i]);
+      } else {
+        globfree(&g);
+        throw DeckError(key, "", "no file matches '" + item + "'");
+      }
+      globfree(&g);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (out.empty()) throw DeckError(key, "", "no data files given");
+  return out;
+}
+
+bool is_text(const config::DataSection& d) {
+  if (d.format != "auto") return d.format == "text";
+  return d.train.size() >= 4 && d.train.compare(d.train.size() - 4, 4, ".txt") == 0;
+}
+
+std::string duration(double s) {
+  const long t = static_cast<long>(s + 0.5);
+  return std::to_string(t / 60) + "m" + (t % 60 < 10 ? "0" : "") + std::to_string(t % 60) + "s";
+}
+
+}  // namespace
+
+int run_train(runtime::Runtime& rt, const Command& cmd) {
+  // One BLAS thread per rank (one rank per core is the CPU layout) unless the user says
+  // otherwise; the MFU peak is per core too.
+  if (!std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+    openblas_set_num_threads(1);
+  Session session = start_session(rt, cmd.check.deck, cmd.check.overrides, "train");
+  const config::RunConfig& cfg = session.config;
+  const config::Layout& layout = session.layout;
+  const bool root = rt.rank() == 0;
+
+  // --- data (every rank reads the same small text files; HDF5 shards come from prep)
+  std::string problem;
+  std::vector<std::int32_t> train_tokens, valid_tokens;
+  std::int64_t train_docs = 0, valid_docs = 0;
+  try {
+    if (cfg.data.train.empty()) throw DeckError("data.train", "", "no training data configured");
+    if (!is_text(cfg.data))
+      throw DeckError("data.format", "",
+                      "training from HDF5 shards is not available yet in this version; use "
+                      "byte-level text data (data.format: text)");
+    if (cfg.model.vocab_size < data::kByteVocabSize)
+      throw DeckError("model.vocab_size", "",
+                      "text data uses the byte-level vocabulary of " +
+                          std::to_string(data::kByteVocabSize) + " tokens; got " +
+                          std::to_string(cfg.model.vocab_size));
+    train_tokens = data::load_text_stream(expand_paths(cfg.data.train, "data.train"),
+                                          cfg.data.text_separator, &train_docs);
+    if (!cfg.data.valid.empty())
+      valid_tokens = data::load_text_stream(expand_paths(cfg.data.valid, "data.valid"),
+                                            cfg.data.text_separator, &valid_docs);
+    const auto samples = data::sample_count(train_tokens, cfg.data.seq_len);
+    if (samples < layout.global_batch_size)
+      throw DeckError("data.train", "",
+                      "has " + std::to_string(samples) + " samples of " +
+                          std::to_string(cfg.data.seq_len) +
+                          " tokens, fewer than one global batch (" +
+                          std::to_string(layout.global_batch_size) + ")");
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  runtime::agree_or_fail(rt.world(), problem.empty(), "cannot load the training data: " + problem,
+                         kExitDeck, cfg.parallel.init_timeout_s, "data");
+  train::TextSampleStore train_store(std::move(train_tokens), cfg.data.seq_len);
+  train::TextSampleStore valid_store(std::move(valid_tokens), cfg.data.seq_len);
+
+  train::Trainer trainer(cfg, layout, session.groups, train_store);
+  trainer.initialize_parameters();
+
+  // --- run directory, metrics, the peak MFU is measured against
+  const std::filesystem::path dir(cfg.run.output_dir);
+  const std::string deck_yaml = config::to_yaml(cfg);
+  if (root) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "deck.yaml") << deck_yaml;
+  }
+  double peak = root ? train::measure_cpu_peak_gflops() : 0.0;
+  session.groups.world->broadcast(&peak, 1, DType::f64, 0);
+  train::MetricsLog metrics((dir / cfg.logging.metrics_file).string(), root);
+  metrics.header(deck_yaml, rt.size(), peak);
+
+  const model::ParamCount params = model::count_parameters(cfg.model);
+  const double flops_per_token = model::training_flops_per_token(cfg.model, cfg.data.seq_len);
+  const auto& sampler_cfg = trainer.sampler().config();
+  log::info("model: " + cfg.model.preset + ", " +
+            model::format_count(static_cast<double>(params.total())) + " parameters, " +
+            model::format_count(flops_per_token) + " FLOPs per token");
+  log::info("data: " + std::to_string(train_docs) + " documents, " +
+            std::to_string(train_store.stream().size()) + " tokens, " +
+            std::to_string(sampler_cfg.num_samples) + " samples of " +
+            std::to_string(cfg.data.seq_len) + " (" +
+            std::to_string(trainer.sampler().steps_per_epoch()) + " steps per epoch); validation " +
+            std::to_string(valid_store.stream().size()) + " tokens");
+  log::info("steps: " + std::to_string(cfg.training.max_steps) + " x global batch " +
+            std::to_string(layout.global_batch_size) + " (micro-batch " +
+            std::to_string(cfg.training.micro_batch_size) + " x " +
+            std::to_string(layout.grad_accum_steps) + " accumulation x " +
+            std::to_string(layout.data) + " data ranks) = " +
+            std::to_string(layout.global_batch_size * cfg.data.seq_len) + " tokens per step");
+  char peak_line[128];
+  std::snprintf(peak_line, sizeof peak_line,
+                "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3) x %d ranks", peak,
+                rt.size());
+  log::info(peak_line);
+  log::info("run directory: " + dir.string());
+
+  // --- the loop
+  const auto t_start = std::chrono::steady_clock::now();
+  train::StepStats phase_sum;
+  std::int64_t phase_steps = 0, tokens_since = 0;
+  double seconds_since = 0.0, last_loss = 0.0;
+  const std::int64_t max_steps = cfg.training.max_steps;
+  for (std::int64_t s = 0; s < max_steps; ++s) {
+    const train::StepStats st = trainer.step();
+    const std::int64_t done = st.step + 1;
+    last_loss = st.loss;
+    tokens_since += layout.global_batch_size * cfg.data.seq_len;
+    seconds_since += st.seconds;
+    phase_sum.t_data += st.t_data;
+    phase_sum.t_forward += st.t_forward;
+    phase_sum.t_backward += st.t_backward;
+    phase_sum.t_comm += st.t_comm;
+    phase_sum.t_optimizer += st.t_optimizer;
+    phase_sum.seconds += st.seconds;
+    ++phase_steps;
+    if (cfg.debug.consistency_every > 0 && done % cfg.debug.consistency_every == 0)
+      trainer.check_consistency();
+    if (done % cfg.logging.every_steps == 0 || done == max_steps || st.skipped) {
+      const double tps =
+          seconds_since > 0 ? static_cast<double>(tokens_since) / seconds_since : 0.0;
+      const double mfu = peak > 0 ? flops_per_token * tps / (peak * 1e9 * rt.size()) : 0.0;
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double eta =
+          elapsed / static_cast<double>(done) * static_cast<double>(max_steps - done);
+      log::info(metrics.step(st, max_steps, tps, mfu, eta, train::peak_resident_bytes(),
+                             trainer.skipped_steps()));
+      tokens_since = 0;
+      seconds_since = 0.0;
+      if (done % (5 * cfg.logging.every_steps) == 0 || done == max_steps) {
+        log::info(metrics.phases(done, phase_sum, phase_steps));
+        phase_sum = {};
+        phase_steps = 0;
+      }
+    }
+    if (cfg.eval.every_steps > 0 && done % cfg.eval.every_steps == 0 && done != max_steps &&
+        valid_store.num_samples() > 0) {
+      const auto [loss, tokens] = trainer.evaluate(valid_store, cfg.eval.batches);
+      log::info(metrics.eval(done, loss, tokens));
+    }
+  }
+
+  // --- the end: validation, the bigram baseline, where things are
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::string summary = "done: " + std::to_string(max_steps) + " steps in " + duration(total);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " | final train loss %.4f", last_loss);
+  summary += buf;
+  if (valid_store.num_samples() > 0) {
+    const auto [loss, tokens] = trainer.evaluate(valid_store, cfg.eval.batches);
+    log::info(metrics.eval(max_steps, loss, tokens));
+    const double bigram =
+        train::bigram_cross_entropy(train_store.stream(), valid_store.stream(),
+                                    static_cast<std::int32_t>(cfg.model.vocab_size));
+    std::snprintf(buf, sizeof buf, " | val loss %.4f | bigram baseline %.4f (%s)", loss, bigram,
+                  loss < bigram ? "beaten" : "NOT beaten");
+    summary += buf;
+  }
+  if (trainer.skipped_steps() > 0)
+    summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";
+  log::info(summary);
+  log::info("run directory: " + dir.string() + " (deck.yaml, " + cfg.logging.metrics_file + ")");
+  return kExitOk;
+}
+
+}  // namespace dst::app

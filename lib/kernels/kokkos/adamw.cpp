@@ -1,0 +1,62 @@
+// AdamW: one fused pass per element over parameters, gradients and the two moments.
+#include "kernels/kokkos/detail/common.hpp"
+#include "kernels/kokkos/kokkos_backend.hpp"
+
+namespace dst::kernels::kokkos_backend {
+namespace detail {
+namespace {
+
+/// PyTorch's torch.optim.AdamW single-tensor update, operation for operation in float (see
+/// kernels.hpp), so that parity with it is a matter of a few ulps, not of a formula:
+///   param.mul_(1 - lr*wd); exp_avg.lerp_(g, 1 - beta1);
+///   exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2);
+///   denom = exp_avg_sq.sqrt() / sqrt(bias2) + eps; param.addcdiv_(exp_avg, denom, -step_size)
+template <class ExecSpace>
+void adamw(const ExecSpace& space, const Vector<ExecSpace, float>& params,  // (n)
+           const Vector<ExecSpace, const float>& grads,                     // (n)
+           const Vector<ExecSpace, float>& m,                               // (n)
+           const Vector<ExecSpace, float>& v,                               // (n)
+           const kernels::detail::AdamwArgs& a) {
+  const float grad_scale = a.grad_scale;
+  const float decay = a.decay;
+  const float w = a.lerp_weight;
+  const float beta2 = a.beta2;
+  const float one_minus_beta2 = a.one_minus_beta2;
+  const float neg_step_size = -a.step_size;
+  const float bias2_sqrt = a.bias2_sqrt;
+  const float eps = a.eps;
+  // ATen's lerp: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w); the
+  // two forms are equal in exact arithmetic and each is the accurate one on its side.
+  const bool small_weight = w < 0.5f;
+  const float one_minus_w = 1.0f - w;
+  Kokkos::parallel_for(
+      "dst::kernels::adamw_step::elements",
+      Range<ExecSpace>(space, 0, static_cast<Index>(params.extent(0))),
+      KOKKOS_LAMBDA(const Index i) {
+        const float g = grads(i) * grad_scale;
+        const float p = params(i) * decay;
+        const float mi = m(i);
+        const float m_new = small_weight ? mi + w * (g - mi) : g - (g - mi) * one_minus_w;
+        const float v_new = v(i) * beta2 + one_minus_beta2 * g * g;
+        // sqrt through double and back is the correctly rounded float sqrt (53 >= 2*24 + 2
+        // bits: no double-rounding error), i.e. exactly sqrtf.
+        const float root = static_cast<float>(math::sqrt(static_cast<double>(v_new)));
+        const float denom = root / bias2_sqrt + eps;
+        m(i) = m_new;
+        v(i) = v_new;
+        params(i) = p + neg_step_size * (m_new / denom);
+      });
+}
+
+}  // namespace
+}  // namespace detail
+
+using Space = Kokkos::DefaultExecutionSpace;
+
+void run(const kernels::detail::AdamwArgs& a) {
+  using namespace detail;
+  adamw(Space(), Vector<Space, float>(a.params, a.n), Vector<Space, const float>(a.grads, a.n),
+        Vector<Space, float>(a.m, a.n), Vector<Space, float>(a.v, a.n), a);
+}
+
+}  // namespace dst::kernels::kokkos_backend

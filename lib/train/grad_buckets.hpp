@@ -1,0 +1,52 @@
+#pragma once
+/// \file grad_buckets.hpp
+/// Data-parallel gradient all-reduce in buckets: ranges of the flat gradient buffer,
+/// counted from its end (backward finishes the last layers first), each started as a
+/// non-blocking all-reduce (sum) as soon as backward has finished every gradient in it.
+/// Open MPI makes no asynchronous progress, so the backward pass calls poll() between
+/// layers; wait_all() then completes what is left, under the communicator's deadline.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace dst::train {
+
+class GradBuckets {
+ public:
+  /// `grads` (elements) is the flat buffer; buckets of at most bucket_bytes each.
+  /// `overlap` false: nothing starts before wait_all() (for measuring what overlap saves).
+  GradBuckets(comm::Communicator& data, float* grads, std::size_t elements, double bucket_bytes,
+              bool overlap);
+
+  /// Backward reports that gradients at offsets >= `offset` are final: starts every
+  /// bucket lying entirely there, polls those in flight.
+  void ready(std::size_t offset);
+  /// Starts what has not started and waits for every bucket (deadline: the
+  /// communicator's). Returns the seconds spent waiting here (exposed communication).
+  double wait_all();
+  /// Resets for the next optimizer step.
+  void reset();
+
+  std::size_t bucket_count() const { return begins_.size(); }
+  /// The first non-finite gradient offset seen in a bucket before it was sent, or -1
+  /// (each bucket is scanned just before its all-reduce, so the rank that produced a NaN
+  /// can be named).
+  std::int64_t first_nonfinite_offset() const { return first_nonfinite_; }
+
+ private:
+  void start(std::size_t i);
+  comm::Communicator& comm_;
+  float* grads_;
+  std::vector<std::size_t> begins_,
+      ends_;  ///< bucket i = [begins_[i], ends_[i]); i = 0 is the last range
+  std::vector<comm::Request> requests_;
+  std::vector<bool> started_;
+  std::size_t next_ = 0;  ///< buckets [0, next_) have been started
+  bool overlap_;
+  std::int64_t first_nonfinite_ = -1;
+};
+
+}  // namespace dst::train

@@ -1,0 +1,50 @@
+#pragma once
+/// \file grad_norm.hpp
+/// The gradient norm for clipping and the non-finite check, over a ParamStore's
+/// gradients. The trainer all-reduces local_sum_of_squares() where gradients are sharded
+/// (each rank holding part of them), takes the square root, and passes clip_factor(...)
+/// to AdamW::step as part of grad_scale.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/param_store.hpp"
+#include "tensor/context.hpp"
+
+namespace dst::train {
+
+class GradNorm {
+ public:
+  /// Sums of squares of each gradient tensor (kernels::sum_of_squares, double), then their
+  /// sum in store order: a fixed order, so equal gradients give equal bits on every rank.
+  /// Returns that local total. Storage is reused: no allocation after the first call.
+  double compute(const tensor::ExecContext& ctx, const model::ParamStore& store);
+
+  /// Per tensor, in store order (metrics: the norm of each tensor's gradient).
+  const std::vector<double>& per_tensor() const { return per_tensor_; }
+  double local_sum_of_squares() const { return total_; }
+
+ private:
+  std::vector<double> per_tensor_;
+  double total_ = 0.0;
+};
+
+/// Where the first non-finite gradient value is: tensor index in store order and flat
+/// element index within it, or {-1, -1} when every gradient is finite.
+struct NonFinite {
+  std::int64_t tensor = -1;
+  std::int64_t element = -1;
+  bool found() const { return tensor >= 0; }
+};
+/// Scans the gradient tensors in store order, stopping at the first with a NaN or Inf,
+/// so the trainer can name it ("model.layers.3.mlp.up_proj.weight[1234]").
+NonFinite first_nonfinite_grad(const tensor::ExecContext& ctx, const model::ParamStore& store);
+
+/// The factor clipping multiplies every gradient by: min(1, max_norm / (norm + 1e-6)),
+/// as torch.nn.utils.clip_grad_norm_ (whose 1e-6 keeps a zero norm from dividing by 0);
+/// 1 when max_norm is 0 (training.grad_clip = 0: no clipping). Throws dst::Error for a
+/// negative or non-finite norm or max_norm (the caller handles non-finite gradients first).
+double clip_factor(double norm, double max_norm);
+
+}  // namespace dst::train

@@ -1,0 +1,142 @@
+#include "train/metrics.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "blas/gemm.hpp"
+#include "core/error.hpp"
+#include "core/version.hpp"
+
+namespace dst::train {
+
+double measure_cpu_peak_gflops() {
+  constexpr std::int64_t n = 2048;
+  std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  std::vector<double> rates;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    blas::gemm({}, blas::Trans::no, blas::Trans::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+               c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * n * n * n / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[1];
+}
+
+std::uint64_t peak_resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024ull;
+}
+
+MetricsLog::MetricsLog(const std::string& path, bool writer) : writer_(writer && !path.empty()) {
+  if (writer_) {
+    out_.open(path, std::ios::app);
+    if (!out_) throw Error("metrics: cannot open '" + path + "' for writing");
+  }
+}
+
+void MetricsLog::write(const std::string& json_line) {
+  if (!writer_) return;
+  out_ << json_line << '\n';
+  out_.flush();  // a killed run keeps every record written so far
+}
+
+void MetricsLog::header(const std::string& deck_yaml, int world_size, double peak_gflops_per_rank) {
+  nlohmann::json j;
+  j["type"] = "header";
+  j["format_version"] = 1;
+  j["dstrain_version"] = core::version();
+  j["git"] = core::git_hash();
+  j["world_size"] = world_size;
+  j["peak_gflops_per_rank"] = peak_gflops_per_rank;
+  j["deck"] = deck_yaml;
+  write(j.dump());
+}
+
+namespace {
+std::string hms(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  return buf;
+}
+}  // namespace
+
+std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double tokens_per_s,
+                             double mfu, double eta_s, std::uint64_t peak_bytes,
+                             std::int64_t skipped_total) {
+  nlohmann::json j;
+  j["type"] = "step";
+  j["step"] = s.step + 1;
+  j["loss"] = s.loss;
+  j["lr"] = s.lr;
+  j["grad_norm"] = s.grad_norm;
+  j["tokens"] = s.tokens;
+  j["tokens_per_s"] = tokens_per_s;
+  j["mfu"] = mfu;
+  j["step_ms"] = s.seconds * 1e3;
+  j["peak_mem_bytes"] = peak_bytes;
+  j["skipped"] = s.skipped;
+  j["skipped_total"] = skipped_total;
+  j["eta_s"] = eta_s;
+  write(j.dump());
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %6lld/%lld | loss %.4f | lr %.3e | norm %7.4f | %8.0f tok/s | MFU %5.1f%% "
+                "| %7.1f ms | mem %6.0f MiB | ETA %s%s",
+                static_cast<long long>(s.step + 1), static_cast<long long>(max_steps), s.loss, s.lr,
+                s.grad_norm, tokens_per_s, 100.0 * mfu, s.seconds * 1e3,
+                static_cast<double>(peak_bytes) / 1048576.0, hms(eta_s).c_str(),
+                s.skipped ? " | SKIPPED (non-finite gradients)" : "");
+  return line;
+}
+
+std::string MetricsLog::eval(std::int64_t step, double loss, std::int64_t tokens) {
+  nlohmann::json j;
+  j["type"] = "eval";
+  j["step"] = step;
+  j["val_loss"] = loss;
+  j["val_ppl"] = std::exp(loss);
+  j["val_tokens"] = tokens;
+  write(j.dump());
+  char line[160];
+  std::snprintf(line, sizeof line, "eval step %lld | val loss %.4f | val ppl %.2f | %lld tokens",
+                static_cast<long long>(step), loss, std::exp(loss), static_cast<long long>(tokens));
+  return line;
+}
+
+std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int64_t steps) {
+  const double n = steps > 0 ? static_cast<double>(steps) : 1.0;
+  nlohmann::json j;
+  j["type"] = "phases";
+  j["step"] = step;
+  j["data_ms"] = sum.t_data / n * 1e3;
+  j["forward_ms"] = sum.t_forward / n * 1e3;
+  j["backward_ms"] = sum.t_backward / n * 1e3;
+  j["comm_exposed_ms"] = sum.t_comm / n * 1e3;
+  j["optimizer_ms"] = sum.t_optimizer / n * 1e3;
+  j["step_ms"] = sum.seconds / n * 1e3;
+  write(j.dump());
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "phases (ms/step, rank 0, last %lld steps): data %.1f | forward %.1f | backward "
+                "%.1f | exposed comm %.1f | optimizer %.1f | step %.1f",
+                static_cast<long long>(steps), sum.t_data / n * 1e3, sum.t_forward / n * 1e3,
+                sum.t_backward / n * 1e3, sum.t_comm / n * 1e3, sum.t_optimizer / n * 1e3,
+                sum.seconds / n * 1e3);
+  return line;
+}
+
+}  // namespace dst::train

@@ -1,0 +1,222 @@
+#include "train/trainer.hpp"
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "core/exit_codes.hpp"
+#include "core/step_context.hpp"
+#include "train/schedule.hpp"
+
+namespace dst::train {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// FNV-1a over the bytes of one tensor: a cheap fingerprint to compare across ranks.
+std::uint64_t fingerprint(const float* p, std::size_t n) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n * sizeof(float); ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+/// The parameter tensor holding flat-buffer offset `offset`.
+std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
+  std::size_t found = 0;
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    if (ps.spec(i).offset <= offset) found = i;
+  return found;
+}
+}  // namespace
+
+Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
+                 comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx)
+    : cfg_(config), layout_(layout), groups_(groups), train_(train), ctx_(ctx) {
+  const std::int64_t micro = config.training.micro_batch_size;
+  const std::int64_t T = config.data.seq_len;
+  model_ = std::make_unique<model::DenseModel>(config.model, micro, T,
+                                               tensor::Arena::Mode::allocate, ctx_);
+  optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
+  data::SamplerConfig sc;
+  sc.num_samples = train.num_samples();
+  sc.seed = config.run.seed;
+  sc.global_batch_size = static_cast<std::uint64_t>(layout.global_batch_size);
+  sc.micro_batch_size = static_cast<std::uint64_t>(micro);
+  sc.dp_rank = groups.data_rank;
+  sc.dp_size = layout.data;
+  sampler_ = std::make_unique<data::Sampler>(sc);
+  batch_.resize(static_cast<std::size_t>(layout.grad_accum_steps * micro * (T + 1)));
+  tokens_.resize(static_cast<std::size_t>(micro * T));
+  targets_.resize(tokens_.size());
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::initialize_parameters() {
+  model_->params().initialize(cfg_.run.seed);
+}
+
+StepStats Trainer::step() {
+  core::set_current_step(step_);
+  StepStats st;
+  st.step = step_;
+  const auto t_step = Clock::now();
+  const std::int64_t micro = cfg_.training.micro_batch_size;
+  const std::int64_t T = cfg_.data.seq_len;
+  const std::size_t sample_len = static_cast<std::size_t>(T + 1);
+  auto& ps = model_->params();
+
+  // --- data: this rank's micro-batches of the step's global batch
+  auto t0 = Clock::now();
+  const auto ids = sampler_->next_step();  // (accum, micro)
+  for (std::size_t m = 0; m < ids.size(); ++m)
+    train_.read(ids[m], batch_.data() + m * static_cast<std::size_t>(micro) * sample_len);
+  st.t_data = since(t0);
+
+  // --- forward + backward, gradients summed locally; buckets start on the last one
+  ps.zero_grads();
+  GradBuckets buckets(*groups_.data, ps.grads_data(), ps.buffer_elements(),
+                      cfg_.parallel.bucket_mb * 1024.0 * 1024.0, overlap_);
+  const bool inject =
+      cfg_.debug.inject_nan_step == step_ && groups_.world->rank() == groups_.world->size() - 1;
+  const std::size_t inject_at =
+      ps.spec(ps.index_of("model.layers." + std::to_string(cfg_.model.n_layers - 1) +
+                          ".mlp.down_proj.weight"))
+          .offset;
+  bool injected = false;
+  auto on_ready = [&](std::size_t offset) {
+    if (inject && !injected && offset <= inject_at) {
+      ps.grads_data()[inject_at] = std::numeric_limits<float>::quiet_NaN();
+      injected = true;
+    }
+    buckets.ready(offset);
+  };
+  double loss_sum = 0.0;
+  std::int64_t valid = 0;
+  for (std::size_t m = 0; m < ids.size(); ++m) {
+    const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
+    for (std::int64_t b = 0; b < micro; ++b) {  // (micro, T + 1) -> inputs and shifted targets
+      const std::int32_t* row = mb + static_cast<std::size_t>(b) * sample_len;
+      std::memcpy(tokens_.data() + b * T, row, static_cast<std::size_t>(T) * sizeof(std::int32_t));
+      std::memcpy(targets_.data() + b * T, row + 1,
+                  static_cast<std::size_t>(T) * sizeof(std::int32_t));
+    }
+    std::int64_t v = 0;
+    const bool last = m + 1 == ids.size();
+    loss_sum += model_->forward_backward(
+        tokens_.data(), targets_.data(), 1.0f, &v,
+        last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
+    valid += v;
+    st.t_forward += model_->last_forward_seconds();
+    st.t_backward += model_->last_backward_seconds();
+  }
+  st.t_comm = buckets.wait_all();
+
+  // --- the global loss: mean over every target token of every rank (one all-reduce)
+  double sums[3] = {loss_sum, static_cast<double>(valid),
+                    buckets.first_nonfinite_offset() >= 0 ? 1.0 : 0.0};
+  groups_.data->allreduce(sums, 3, DType::f64, comm::ReduceOp::sum);
+  st.tokens = static_cast<std::int64_t>(sums[1]);
+  st.loss = st.tokens > 0 ? sums[0] / sums[1] : 0.0;
+  const double scale = st.tokens > 0 ? 1.0 / sums[1] : 0.0;  // gradients of the mean
+
+  // --- norm, non-finite policy, clipping, optimizer
+  t0 = Clock::now();
+  st.grad_norm = std::sqrt(norm_.compute(ctx_, ps)) * scale;  // gradients are replicated
+  st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
+  if (!std::isfinite(st.grad_norm) || sums[2] > 0.0) {
+    // Name the first rank whose own gradient was non-finite, and its first tensor.
+    std::int64_t first[2] = {buckets.first_nonfinite_offset() >= 0
+                                 ? groups_.world->rank()
+                                 : std::numeric_limits<std::int64_t>::max(),
+                             0};
+    groups_.data->allreduce(first, 1, DType::i64, comm::ReduceOp::min);
+    std::ostringstream os;
+    os << "non-finite gradients at step " << step_;
+    if (first[0] != std::numeric_limits<std::int64_t>::max()) {
+      std::int64_t offset =
+          groups_.world->rank() == first[0] ? buckets.first_nonfinite_offset() : -1;
+      groups_.data->allreduce(&offset, 1, DType::i64, comm::ReduceOp::max);
+      const auto i = tensor_at(ps, static_cast<std::size_t>(offset));
+      os << ": first on rank " << first[0] << ", tensor " << ps.spec(i).name << "["
+         << static_cast<std::size_t>(offset) - ps.spec(i).offset << "]";
+    } else {
+      const auto nf = first_nonfinite_grad(ctx_, ps);
+      os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor "
+         << (nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?"));
+    }
+    if (cfg_.debug.nan_policy == "abort")
+      throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
+    st.skipped = true;  // every rank decides alike: parameters and moments stay untouched
+    ++skipped_;
+  } else {
+    const double factor = clip_factor(st.grad_norm, cfg_.training.grad_clip);
+    optimizer_->step(ctx_, ps, st.lr, scale * factor);
+  }
+  st.t_optimizer = since(t0);
+  ++step_;
+  st.seconds = since(t_step);
+  return st;
+}
+
+std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64_t batches) {
+  const std::int64_t micro = cfg_.training.micro_batch_size;
+  const std::int64_t T = cfg_.data.seq_len;
+  const std::uint64_t n = store.num_samples();
+  std::vector<std::int32_t> buf(static_cast<std::size_t>(micro * (T + 1)));
+  double sums[2] = {0.0, 0.0};
+  for (std::int64_t b = 0; b < batches && n > 0; ++b) {
+    std::vector<std::uint64_t> ids;
+    for (std::int64_t i = 0; i < micro; ++i)
+      ids.push_back(static_cast<std::uint64_t>((b * layout_.data + groups_.data_rank) * micro + i) %
+                    n);
+    store.read(ids, buf.data());
+    for (std::int64_t r = 0; r < micro; ++r) {
+      const std::int32_t* row = buf.data() + r * (T + 1);
+      std::memcpy(tokens_.data() + r * T, row, static_cast<std::size_t>(T) * sizeof(std::int32_t));
+      std::memcpy(targets_.data() + r * T, row + 1,
+                  static_cast<std::size_t>(T) * sizeof(std::int32_t));
+    }
+    std::int64_t v = 0;
+    sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);
+    sums[1] += static_cast<double>(v);
+  }
+  groups_.data->allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
+  return {sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<std::int64_t>(sums[1])};
+}
+
+void Trainer::check_consistency() {
+  const auto& ps = model_->params();
+  const std::size_t P = ps.size();
+  std::vector<std::uint64_t> mine(P);
+  for (std::size_t i = 0; i < P; ++i)
+    mine[i] = fingerprint(ps.param(i).ptr<float>(), static_cast<std::size_t>(ps.param(i).numel()));
+  const int n = groups_.world->size();
+  std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
+  groups_.world->allgather(mine.data(), all.data(), P, DType::u64);
+  for (std::size_t i = 0; i < P; ++i) {
+    std::vector<int> differ;
+    for (int r = 1; r < n; ++r)
+      if (all[static_cast<std::size_t>(r) * P + i] != all[i]) differ.push_back(r);
+    if (!differ.empty()) {
+      std::ostringstream os;
+      os << "parameters differ between ranks at step " << step_ << ": first tensor "
+         << ps.spec(i).name << " differs from rank 0's on rank";
+      for (const int r : differ)
+        os << " " << r;
+      throw CollectiveError(os.str(), kExitDiverged);
+    }
+  }
+}
+
+}  // namespace dst::train

@@ -1,0 +1,97 @@
+#pragma once
+/// \file trainer.hpp
+/// Data-parallel training, one optimizer step at a time (ARCHITECTURE.md, "one optimizer
+/// step, end to end"): this rank's micro-batches of the global batch, forward+backward
+/// accumulating into the flat gradient buffer, the gradient all-reduce in buckets started
+/// during the last micro-batch's backward, the global loss and token count in one small
+/// all-reduce, the gradient norm, the non-finite policy, clipping, AdamW at the
+/// schedule's learning rate.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_groups.hpp"
+#include "config/run_config.hpp"
+#include "data/dataset/sampler.hpp"
+#include "model/dense_model.hpp"
+#include "tensor/context.hpp"
+#include "train/grad_buckets.hpp"
+#include "train/grad_norm.hpp"
+#include "train/optimizer.hpp"
+
+namespace dst::train {
+
+/// Where samples' tokens come from: fills `out` with seq_len + 1 tokens per sample id.
+class SampleStore {
+ public:
+  virtual ~SampleStore() = default;
+  virtual std::uint64_t num_samples() const = 0;
+  /// out: (ids.size(), seq_len + 1), host memory.
+  virtual void read(const std::vector<std::uint64_t>& ids, std::int32_t* out) = 0;
+};
+
+/// What one optimizer step did (identical on every rank).
+struct StepStats {
+  std::int64_t step = 0;
+  double loss = 0.0;        ///< mean over every target token of the global batch
+  std::int64_t tokens = 0;  ///< target tokens in the global batch (ignored excluded)
+  double grad_norm = 0.0;   ///< of the mean-loss gradient, before clipping
+  double lr = 0.0;
+  bool skipped = false;  ///< non-finite gradients and debug.nan_policy = skip
+  double seconds = 0.0;  ///< wall time of the step
+  // phase timers (this rank, seconds)
+  double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
+};
+
+/// Raised (on every rank) when gradients are non-finite and debug.nan_policy is abort;
+/// the first rank that had one has already printed the message.
+class NonFiniteGradients : public Error {
+ public:
+  using Error::Error;
+};
+
+class Trainer {
+ public:
+  Trainer(const config::RunConfig& config, const config::Layout& layout,
+          comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx = {});
+  ~Trainer();
+
+  /// Deterministic initial parameters from run.seed (identical on every rank).
+  void initialize_parameters();
+  /// Runs the next optimizer step.
+  StepStats step();
+  /// Mean loss over `batches` micro-batches per data rank of `store` (samples in order,
+  /// wrapping around), across all ranks. Returns {mean loss, tokens}.
+  std::pair<double, std::int64_t> evaluate(SampleStore& store, std::int64_t batches);
+  /// Hashes the parameters on every rank and compares: throws dst::Error naming the first
+  /// tensor that differs and the ranks, if any does.
+  void check_consistency();
+
+  std::int64_t steps_done() const { return step_; }
+  std::int64_t skipped_steps() const { return skipped_; }
+  model::DenseModel& model() { return *model_; }
+  const AdamW& optimizer() const { return *optimizer_; }
+  data::Sampler& sampler() { return *sampler_; }
+  /// Turns bucket overlap off (all-reduce after backward) for the overlap measurement.
+  void set_overlap(bool on) { overlap_ = on; }
+
+ private:
+  const config::RunConfig& cfg_;
+  config::Layout layout_;
+  comm::ProcessGroups& groups_;
+  SampleStore& train_;
+  tensor::ExecContext ctx_;
+  std::unique_ptr<model::DenseModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<data::Sampler> sampler_;
+  GradNorm norm_;
+  std::vector<std::int32_t> batch_;             ///< (micro_batches, micro_batch_size, T + 1)
+  std::vector<std::int32_t> tokens_, targets_;  ///< (micro_batch_size, T)
+  std::int64_t step_ = 0;
+  std::int64_t skipped_ = 0;
+  bool overlap_ = true;
+};
+
+}  // namespace dst::train

@@ -1,0 +1,227 @@
+// train::AdamW over a ParamStore: every tensor stepped with the right hyper-parameters
+// (no decay for norm weights), the step count, the moment layout, the state for
+// checkpoints; against a double reference of torch.optim.AdamW.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "model/param_store.hpp"
+#include "train/optimizer.hpp"
+
+namespace dst::train {
+namespace {
+
+using model::ParamSpec;
+using model::ParamStore;
+using tensor::Arena;
+using tensor::ExecContext;
+
+ExecContext ctx() {
+  return ExecContext{tensor::Backend::kokkos, nullptr};
+}
+
+/// Three tensors of sizes that leave padding between them (offsets are 16-float aligned),
+/// the middle one a norm weight (no decay).
+std::vector<ParamSpec> specs() {
+  return {ParamSpec{"w", {3, 5}, model::Init::normal, 0.02f, true, 0},
+          ParamSpec{"norm", {5}, model::Init::ones, 0.0f, false, 0},
+          ParamSpec{"b", {17}, model::Init::normal, 0.02f, true, 0}};
+}
+
+config::OptimizerSection optimizer_section() {
+  config::OptimizerSection o;
+  o.betas = {0.9, 0.95};
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+void fill(float* p, std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (std::size_t i = 0; i < n; ++i)
+    p[i] = d(gen);
+}
+
+/// torch.optim.AdamW in double for one tensor.
+struct Reference {
+  std::vector<double> p, m, v;
+  void step(const float* g, double lr, double wd, double b1, double b2, double eps, std::int64_t t,
+            double grad_scale) {
+    const double bias1 = 1 - std::pow(b1, static_cast<double>(t));
+    const double bias2 = 1 - std::pow(b2, static_cast<double>(t));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const double gi = g[i] * static_cast<float>(grad_scale);
+      p[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      p[i] -= lr * (m[i] / bias1) / (std::sqrt(v[i] / bias2) + eps);
+    }
+  }
+};
+
+TEST(AdamWOptimizer, StepsEveryTensorLikePyTorchWithNoDecayForNorms) {
+  ParamStore store(specs(), Arena::Mode::allocate);
+  fill(store.params_data(), store.buffer_elements(), 1);
+  const auto opt = optimizer_section();
+  AdamW adamw(opt, store);
+  EXPECT_EQ(adamw.step_count(), 0);
+
+  std::vector<Reference> ref(store.size());
+  for (std::size_t i = 0; i < store.size(); ++i) {
+    const float* p = store.param(i).ptr<float>();
+    const auto n = static_cast<std::size_t>(store.spec(i).shape.numel());
+    ref[i].p.assign(p, p + n);
+    ref[i].m.assign(n, 0.0);
+    ref[i].v.assign(n, 0.0);
+  }
+  const int steps = 5;
+  for (int t = 1; t <= steps; ++t) {
+    store.zero_grads();
+    for (std::size_t i = 0; i < store.size(); ++i)
+      fill(store.grad(i).ptr<float>(), static_cast<std::size_t>(store.spec(i).shape.numel()),
+           10u * static_cast<std::uint32_t>(t) + static_cast<std::uint32_t>(i));
+    const double lr = 1e-2 / t;
+    adamw.step(ctx(), store, lr, 0.5);
+    EXPECT_EQ(adamw.step_count(), t);
+    for (std::size_t i = 0; i < store.size(); ++i)
+      ref[i].step(store.grad(i).ptr<float>(), lr, store.spec(i).weight_decay ? 0.1 : 0.0, 0.9, 0.95,
+                  1e-8, t, 0.5);
+  }
+  // As kernels_tests' AdamW bound: per step 2 roundings of |p| <= 2 and 16 ulps of an
+  // update <= 4 lr (lr <= 1e-2).
+  const double tol = steps * 0x1p-24 * (2 * 2.0 + 16 * 4 * 1e-2);
+  for (std::size_t i = 0; i < store.size(); ++i) {
+    const float* p = store.param(i).ptr<float>();
+    for (std::size_t j = 0; j < ref[i].p.size(); ++j)
+      EXPECT_NEAR(p[j], ref[i].p[j], tol) << store.spec(i).name << "[" << j << "]";
+  }
+  // The same reference with decay on the norm weight ends ~sum(lr) * wd = 2.3e-3 away
+  // from it (|p| ~ 1): far outside the tolerance, so a decayed norm would fail above.
+  const auto norm = store.index_of("norm");
+  double max_gap = 0;
+  for (std::size_t j = 0; j < 5; ++j) {
+    double p = ref[norm].p[j], p_decayed = p;
+    for (int t = 1; t <= steps; ++t)
+      p_decayed *= 1.0 - 1e-2 / t * 0.1;
+    max_gap = std::max(max_gap, std::fabs(p - p_decayed));
+  }
+  EXPECT_GT(max_gap, 100 * tol);
+}
+
+TEST(AdamWOptimizer, MomentsShareTheStoreLayoutAndPaddingStaysZero) {
+  ParamStore store(specs(), Arena::Mode::allocate);
+  fill(store.params_data(), store.buffer_elements(), 2);
+  fill(store.grads_data(), store.buffer_elements(), 3);  // padding gradients too: ignored
+  AdamW adamw(optimizer_section(), store);
+  adamw.step(ctx(), store, 1e-3);
+  const AdamWState s = adamw.state();
+  EXPECT_EQ(s.elements, store.buffer_elements());
+  EXPECT_EQ(s.step, 1);
+  EXPECT_EQ(adamw.bytes(), 2 * store.buffer_elements() * sizeof(float));
+  std::vector<bool> inside(s.elements, false);
+  for (std::size_t i = 0; i < store.size(); ++i) {
+    EXPECT_EQ(adamw.m(i).data, s.m + store.spec(i).offset);
+    EXPECT_EQ(adamw.v(i).data, s.v + store.spec(i).offset);
+    EXPECT_EQ(adamw.m(i).shape, store.spec(i).shape);
+    // At step 1 m = (1 - beta1) g exactly as computed in float.
+    const float* g = store.grad(i).ptr<float>();
+    const float* m = adamw.m(i).ptr<float>();
+    for (std::int64_t j = 0; j < store.spec(i).shape.numel(); ++j) {
+      inside[store.spec(i).offset + static_cast<std::size_t>(j)] = true;
+      EXPECT_NEAR(m[j], 0.1 * g[j], 2 * 0x1p-24 * std::fabs(g[j]));
+    }
+  }
+  for (std::size_t k = 0; k < s.elements; ++k)
+    if (!inside[k]) {
+      EXPECT_EQ(s.m[k], 0.0f) << "padding m[" << k << "]";
+      EXPECT_EQ(s.v[k], 0.0f) << "padding v[" << k << "]";
+    }
+}
+
+TEST(AdamWOptimizer, RestoredStateContinuesBitForBit) {
+  // A run of 3 steps against 2 steps, a "checkpoint" (moments, parameters, step count)
+  // copied into a fresh optimizer and store, and the third step there: the same bits.
+  const auto opt = optimizer_section();
+  ParamStore a(specs(), Arena::Mode::allocate);
+  fill(a.params_data(), a.buffer_elements(), 4);
+  AdamW adamw_a(opt, a);
+  auto grads_for = [](ParamStore& s, int t) {
+    fill(s.grads_data(), s.buffer_elements(), 100u + static_cast<std::uint32_t>(t));
+  };
+  for (int t = 1; t <= 2; ++t) {
+    grads_for(a, t);
+    adamw_a.step(ctx(), a, 1e-3 * t);
+  }
+  ParamStore b(specs(), Arena::Mode::allocate);
+  AdamW adamw_b(opt, b);
+  const std::size_t bytes = a.buffer_elements() * sizeof(float);
+  std::memcpy(b.params_data(), a.params_data(), bytes);
+  std::memcpy(adamw_b.state().m, adamw_a.state().m, bytes);
+  std::memcpy(adamw_b.state().v, adamw_a.state().v, bytes);
+  adamw_b.set_step_count(adamw_a.state().step);
+  grads_for(a, 3);
+  grads_for(b, 3);
+  adamw_a.step(ctx(), a, 3e-3);
+  adamw_b.step(ctx(), b, 3e-3);
+  EXPECT_EQ(std::memcmp(a.params_data(), b.params_data(), bytes), 0);
+  EXPECT_EQ(std::memcmp(adamw_a.state().v, adamw_b.state().v, bytes), 0);
+  EXPECT_EQ(adamw_b.step_count(), 3);
+
+  // A restore that forgot the step count would bias-correct as step 1: different bits.
+  ParamStore c(specs(), Arena::Mode::allocate);
+  AdamW adamw_c(opt, c);
+  std::memcpy(c.params_data(), b.params_data(), bytes);
+  std::memcpy(adamw_c.state().m, adamw_b.state().m, bytes);
+  std::memcpy(adamw_c.state().v, adamw_b.state().v, bytes);
+  grads_for(b, 4);
+  grads_for(c, 4);
+  adamw_b.step(ctx(), b, 1e-3);
+  adamw_c.step(ctx(), c, 1e-3);
+  EXPECT_NE(std::memcmp(b.params_data(), c.params_data(), bytes), 0);
+  EXPECT_THROW(adamw_c.set_step_count(-1), Error);
+}
+
+TEST(AdamWOptimizer, RejectsMismatchedStoresAndPlansWithoutMemory) {
+  ParamStore store(specs(), Arena::Mode::allocate);
+  AdamW adamw(optimizer_section(), store);
+  auto other_specs = specs();
+  other_specs.pop_back();
+  ParamStore other(other_specs, Arena::Mode::allocate);
+  try {
+    adamw.step(ctx(), other, 1e-3);
+    ADD_FAILURE() << "expected a layout error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not the one the moments were laid out for"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(adamw.step_count(), 0);
+  // A bad hyper-parameter throws before any tensor changes, and the count stays.
+  auto bad = optimizer_section();
+  bad.betas = {1.0, 0.95};
+  AdamW bad_adamw(bad, store);
+  EXPECT_THROW(bad_adamw.step(ctx(), store, 1e-3), Error);
+  EXPECT_EQ(bad_adamw.step_count(), 0);
+
+  ParamStore plan(specs(), Arena::Mode::plan);
+  AdamW planned(optimizer_section(), plan);
+  EXPECT_TRUE(planned.planning());
+  EXPECT_EQ(planned.bytes(), 2 * plan.buffer_elements() * sizeof(float));
+  EXPECT_EQ(planned.state().m, nullptr);
+  EXPECT_THROW(planned.step(ctx(), plan, 1e-3), Error);
+
+  auto sgd = optimizer_section();
+  sgd.type = "sgd";
+  EXPECT_THROW(AdamW(sgd, store), Error);
+}
+
+}  // namespace
+}  // namespace dst::train
