@@ -15,6 +15,7 @@
 #include "session.hpp"
 #include "train/baseline.hpp"
 #include "train/metrics.hpp"
+#include "train/param_dump.hpp"
 #include "train/text_store.hpp"
 #include "train/trainer.hpp"
 
@@ -209,10 +210,14 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                   loss < bigram ? "beaten" : "NOT beaten");
     summary += buf;
   }
+  if (root)
+    train::write_parameters_h5((dir / "final-params.h5").string(), trainer.model().params(),
+                               trainer.steps_done());
   if (trainer.skipped_steps() > 0)
     summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";
   log::info(summary);
-  log::info("run directory: " + dir.string() + " (deck.yaml, " + cfg.logging.metrics_file + ")");
+  log::info("run directory: " + dir.string() + " (deck.yaml, " + cfg.logging.metrics_file +
+            ", final-params.h5)");
   return kExitOk;
 }
 

@@ -90,3 +90,27 @@ function(dst_add_run_test name)
   set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
     ENVIRONMENT "${DSTRAIN_TEST_ENVIRONMENT}")
 endfunction()
+
+# A test whose reference runs in the oracle Python environment (scripts/setup-oracles,
+# found through DSTRAIN_PYTHON):
+#   dst_add_oracle_test(NAME SCRIPT script.py [ARGS ...] [MAX_SECONDS s] [LABELS ...]
+#                       [MATCH regex ...])
+# Without the environment the test skips on a developer's machine and fails under
+# CI=true (tests/tools/require): CI never passes on evidence it did not gather.
+function(dst_add_oracle_test name)
+  cmake_parse_arguments(A "" "SCRIPT;MAX_SECONDS" "ARGS;MATCH;LABELS" ${ARGN})
+  set(_py ${DSTRAIN_PYTHON})
+  if(NOT _py)
+    set(_py dstrain-oracle-python-not-configured)
+  endif()
+  if(NOT A_MAX_SECONDS)
+    set(A_MAX_SECONDS 120)
+  endif()
+  if(NOT A_LABELS)
+    set(A_LABELS oracle)
+  endif()
+  dst_add_run_test(${name}
+    COMMAND ${PROJECT_SOURCE_DIR}/tests/tools/require ${_py} -- ${_py} ${A_SCRIPT} ${A_ARGS}
+    MAX_SECONDS ${A_MAX_SECONDS} LABELS ${A_LABELS} MATCH ${A_MATCH})
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+endfunction()

@@ -76,6 +76,7 @@ struct ParallelSection {
   std::int64_t pipeline = 1;
   std::string backend = "auto";  ///< auto | mpi | nccl
   double bucket_mb = 25.0;
+  bool overlap = true;            ///< start bucket all-reduces during backward
   double timeout_s = 600.0;       ///< deadline of every collective
   double init_timeout_s = 300.0;  ///< deadline of each start-up step
 };
@@ -109,6 +110,7 @@ struct DebugSection {
   std::int64_t inject_exit_rank = -1;
   bool inject_exit_in_checkpoint = false;
   std::int64_t inject_read_delay_ms = 0;
+  std::int64_t inject_divergence_rank = -1;
 };
 
 struct RunConfig {

@@ -257,6 +257,10 @@ void visit_parallel(V& v, S&... s) {
           s.backend...);
   v.field("parallel.bucket_mb", Spec("Gradient all-reduce bucket size in MiB.").above(0),
           s.bucket_mb...);
+  v.field("parallel.overlap",
+          Spec("Start each gradient bucket's all-reduce during backward as soon as it is "
+               "final; false = all after backward (to measure what overlap saves)."),
+          s.overlap...);
   v.field("parallel.timeout_s",
           Spec("Deadline of every collective in seconds; the hang watchdog's limit.")
               .above(0)
@@ -317,7 +321,9 @@ void visit_debug(V& v, S&... s) {
   v.field("debug.nan_policy",
           Spec("On a non-finite loss: abort the job, or skip the step.").one_of({"abort", "skip"}),
           s.nan_policy...);
-  v.field("debug.inject_nan_step", Spec("Make the loss NaN at this step; -1 = off.").at_least(-1),
+  v.field("debug.inject_nan_step",
+          Spec("Put a NaN into the last rank's gradient at this step (0-based); -1 = off.")
+              .at_least(-1),
           s.inject_nan_step...);
   v.field("debug.inject_hang_rank",
           Spec("This rank stops calling collectives; -1 = off.").at_least(-1).at_most(kIntMax),
@@ -330,6 +336,12 @@ void visit_debug(V& v, S&... s) {
           s.inject_exit_in_checkpoint...);
   v.field("debug.inject_read_delay_ms", Spec("Delay added to every data read, in ms.").at_least(0),
           s.inject_read_delay_ms...);
+  v.field("debug.inject_divergence_rank",
+          Spec("Perturb one parameter on this rank after the first step, so the consistency "
+               "check must catch it; -1 = off.")
+              .at_least(-1)
+              .at_most(kIntMax),
+          s.inject_divergence_rank...);
 }
 
 /// The whole deck, in document order.

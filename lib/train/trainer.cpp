@@ -86,7 +86,7 @@ StepStats Trainer::step() {
   // --- forward + backward, gradients summed locally; buckets start on the last one
   ps.zero_grads();
   GradBuckets buckets(*groups_.data, ps.grads_data(), ps.buffer_elements(),
-                      cfg_.parallel.bucket_mb * 1024.0 * 1024.0, overlap_);
+                      cfg_.parallel.bucket_mb * 1024.0 * 1024.0, overlap_ && cfg_.parallel.overlap);
   const bool inject =
       cfg_.debug.inject_nan_step == step_ && groups_.world->rank() == groups_.world->size() - 1;
   const std::size_t inject_at =
@@ -164,6 +164,8 @@ StepStats Trainer::step() {
     optimizer_->step(ctx_, ps, st.lr, scale * factor);
   }
   st.t_optimizer = since(t0);
+  if (cfg_.debug.inject_divergence_rank == groups_.world->rank() && step_ == 0)
+    ps.params_data()[0] += 1e-3f;  // fault injection: the consistency check must see it
   ++step_;
   st.seconds = since(t_step);
   return st;

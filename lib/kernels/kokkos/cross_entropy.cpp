@@ -26,13 +26,13 @@ void check_targets(const ExecSpace& space, const char* kernel,
 /// With a gradient (`fused`), the second pass stores exp(l - max) in dlogits and a third
 /// scales it; the target's logit is read before the second pass, so dlogits may alias
 /// logits. exp is evaluated once per logit.
-template <class ExecSpace, bool fused>
+template <class T, bool fused, class ExecSpace>
 void cross_entropy(const ExecSpace& space, const char* label,
-                   const Matrix<ExecSpace, const float>& logits,          // (N, V)
+                   const Matrix<ExecSpace, const T>& logits,              // (N, V)
                    const Vector<ExecSpace, const std::int32_t>& targets,  // (N)
                    const std::int32_t ignore_index, const float grad_scale,
-                   const Vector<ExecSpace, float>& losses,     // (N)
-                   const Matrix<ExecSpace, float>& dlogits) {  // (N, V) if fused
+                   const Vector<ExecSpace, float>& losses,  // (N)
+                   const Matrix<ExecSpace, T>& dlogits) {   // (N, V) if fused
   const Index v = static_cast<Index>(logits.extent(1));
   Kokkos::parallel_for(
       label, Range<ExecSpace>(space, 0, static_cast<Index>(logits.extent(0))),
@@ -41,28 +41,28 @@ void cross_entropy(const ExecSpace& space, const char* label,
         if (t == ignore_index) {
           losses(n) = 0.0f;
           if (fused) {
-            float* d = &dlogits(n, 0);
+            T* d = &dlogits(n, 0);
             for (Index j = 0; j < v; ++j)
-              d[j] = 0.0f;
+              d[j] = from_float<T>(0.0f);
           }
           return;
         }
-        const float* l = &logits(n, 0);
-        const float target_logit = l[t];
-        const float m = lane_max(v, [&](const Index j) { return l[j]; });
+        const T* l = &logits(n, 0);
+        const float target_logit = to_float(l[t]);
+        const float m = lane_max(v, [&](const Index j) { return to_float(l[j]); });
         double sum;
         if (fused) {
-          float* d = &dlogits(n, 0);
+          T* d = &dlogits(n, 0);
           for (Index j = 0; j < v; ++j)
-            d[j] = math::fast_exp(l[j] - m);
-          sum = lane_sum(v, [&](const Index j) { return d[j]; });
+            d[j] = from_float<T>(math::fast_exp(to_float(l[j]) - m));
+          sum = lane_sum(v, [&](const Index j) { return to_float(d[j]); });
           // softmax * grad_scale in one factor; sum >= 1 (the max's term is exp(0)).
           const float f = static_cast<float>(static_cast<double>(grad_scale) / sum);
           for (Index j = 0; j < v; ++j)
-            d[j] *= f;
-          d[t] -= grad_scale;
+            d[j] = from_float<T>(to_float(d[j]) * f);
+          d[t] = from_float<T>(to_float(d[t]) - grad_scale);
         } else {
-          sum = lane_sum(v, [&](const Index j) { return math::fast_exp(l[j] - m); });
+          sum = lane_sum(v, [&](const Index j) { return math::fast_exp(to_float(l[j]) - m); });
         }
         losses(n) = static_cast<float>(math::log(sum) + static_cast<double>(m) -
                                        static_cast<double>(target_logit));
@@ -82,11 +82,11 @@ void run(const kernels::detail::CrossEntropyArgs& a) {
   const Vector<Space, float> losses(a.losses, a.n);
   if (a.dlogits == nullptr) {
     check_targets(space, "cross_entropy_forward", targets, a.v, a.ignore_index);
-    cross_entropy<Space, false>(space, "dst::kernels::cross_entropy_forward::rows", logits, targets,
+    cross_entropy<float, false>(space, "dst::kernels::cross_entropy_forward::rows", logits, targets,
                                 a.ignore_index, a.grad_scale, losses, Matrix<Space, float>());
   } else {
     check_targets(space, "cross_entropy_fused", targets, a.v, a.ignore_index);
-    cross_entropy<Space, true>(space, "dst::kernels::cross_entropy_fused::rows", logits, targets,
+    cross_entropy<float, true>(space, "dst::kernels::cross_entropy_fused::rows", logits, targets,
                                a.ignore_index, a.grad_scale, losses,
                                Matrix<Space, float>(a.dlogits, a.n, a.v));
   }

@@ -9,21 +9,21 @@ namespace detail {
 namespace {
 
 /// out may alias a or b: element i reads a(i), b(i) and then writes out(i).
-template <class ExecSpace>
-void add(const ExecSpace& space, const Vector<ExecSpace, const float>& a,
-         const Vector<ExecSpace, const float>& b, const Vector<ExecSpace, float>& out) {
+template <class T, class ExecSpace>
+void add(const ExecSpace& space, const Vector<ExecSpace, const T>& a,
+         const Vector<ExecSpace, const T>& b, const Vector<ExecSpace, T>& out) {
   Kokkos::parallel_for(
       "dst::kernels::add::elements", Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))),
-      KOKKOS_LAMBDA(const Index i) { out(i) = a(i) + b(i); });
+      KOKKOS_LAMBDA(const Index i) { out(i) = from_float<T>(to_float(a(i)) + to_float(b(i))); });
 }
 
-template <class ExecSpace>
-void accumulate(const ExecSpace& space, const Vector<ExecSpace, const float>& x,
-                const Vector<ExecSpace, float>& y) {
+template <class T, class ExecSpace>
+void accumulate(const ExecSpace& space, const Vector<ExecSpace, const T>& x,
+                const Vector<ExecSpace, T>& y) {
   Kokkos::parallel_for(
       "dst::kernels::accumulate::elements",
       Range<ExecSpace>(space, 0, static_cast<Index>(y.extent(0))),
-      KOKKOS_LAMBDA(const Index i) { y(i) += x(i); });
+      KOKKOS_LAMBDA(const Index i) { y(i) = from_float<T>(to_float(y(i)) + to_float(x(i))); });
 }
 
 /// Zero bits are zero in every dtype here (IEEE +0, integers, bf16/f16), so the fill is by
@@ -42,13 +42,13 @@ using Space = Kokkos::DefaultExecutionSpace;
 
 void run(const kernels::detail::AddArgs& a) {
   using namespace detail;
-  add(Space(), Vector<Space, const float>(a.a, a.n), Vector<Space, const float>(a.b, a.n),
-      Vector<Space, float>(a.out, a.n));
+  add<float>(Space(), Vector<Space, const float>(a.a, a.n), Vector<Space, const float>(a.b, a.n),
+             Vector<Space, float>(a.out, a.n));
 }
 
 void run(const kernels::detail::AccumulateArgs& a) {
   using namespace detail;
-  accumulate(Space(), Vector<Space, const float>(a.x, a.n), Vector<Space, float>(a.y, a.n));
+  accumulate<float>(Space(), Vector<Space, const float>(a.x, a.n), Vector<Space, float>(a.y, a.n));
 }
 
 void run(const kernels::detail::ZeroArgs& a) {

@@ -21,31 +21,31 @@ void check_tokens(const ExecSpace& space, const char* kernel,
               std::to_string(v) + ")");
 }
 
-template <class ExecSpace>
+template <class T, class ExecSpace>
 void embedding_forward(const ExecSpace& space,
                        const Vector<ExecSpace, const std::int32_t>& tokens,  // (N)
-                       const Matrix<ExecSpace, const float>& wte,            // (V, C)
-                       const Matrix<ExecSpace, float>& out) {                // (N, C)
+                       const Matrix<ExecSpace, const T>& wte,                // (V, C)
+                       const Matrix<ExecSpace, T>& out) {                    // (N, C)
   check_tokens(space, "embedding_forward", tokens, static_cast<Index>(wte.extent(0)));
   const Index c = static_cast<Index>(out.extent(1));
   Kokkos::parallel_for(
       "dst::kernels::embedding_forward::gather",
       Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))), KOKKOS_LAMBDA(const Index n) {
-        const float* src = &wte(tokens(n), 0);
-        float* dst = &out(n, 0);
+        const T* src = &wte(tokens(n), 0);
+        T* dst = &out(n, 0);
         for (Index j = 0; j < c; ++j)
-          dst[j] = src[j];
+          dst[j] = from_float<T>(to_float(src[j]));
       });
 }
 
 /// Each work item owns a block of columns and walks the tokens in order, so a row of dwte
 /// hit by several tokens receives their rows in token order: no atomics, and the same
 /// bits on every run and every back end.
-template <class ExecSpace>
+template <class T, class ExecSpace>
 void embedding_backward(const ExecSpace& space,
                         const Vector<ExecSpace, const std::int32_t>& tokens,  // (N)
-                        const Matrix<ExecSpace, const float>& dout,           // (N, C)
-                        const Matrix<ExecSpace, float>& dwte) {               // (V, C)
+                        const Matrix<ExecSpace, const T>& dout,               // (N, C)
+                        const Matrix<ExecSpace, T>& dwte) {                   // (V, C)
   check_tokens(space, "embedding_backward", tokens, static_cast<Index>(dwte.extent(0)));
   const Index n_tok = static_cast<Index>(dout.extent(0));
   const Index c = static_cast<Index>(dout.extent(1));
@@ -57,10 +57,10 @@ void embedding_backward(const ExecSpace& space,
         const Index j0 = blk * kBlock;
         const Index width = c - j0 < kBlock ? c - j0 : kBlock;
         for (Index n = 0; n < n_tok; ++n) {
-          const float* src = &dout(n, j0);
-          float* dst = &dwte(tokens(n), j0);
+          const T* src = &dout(n, j0);
+          T* dst = &dwte(tokens(n), j0);
           for (Index j = 0; j < width; ++j)
-            dst[j] += src[j];
+            dst[j] = from_float<T>(to_float(dst[j]) + to_float(src[j]));
         }
       });
 }
@@ -72,16 +72,16 @@ using Space = Kokkos::DefaultExecutionSpace;
 
 void run(const kernels::detail::EmbeddingForwardArgs& a) {
   using namespace detail;
-  embedding_forward(Space(), Vector<Space, const std::int32_t>(a.tokens, a.n),
-                    Matrix<Space, const float>(a.wte, a.v, a.c),
-                    Matrix<Space, float>(a.out, a.n, a.c));
+  embedding_forward<float>(Space(), Vector<Space, const std::int32_t>(a.tokens, a.n),
+                           Matrix<Space, const float>(a.wte, a.v, a.c),
+                           Matrix<Space, float>(a.out, a.n, a.c));
 }
 
 void run(const kernels::detail::EmbeddingBackwardArgs& a) {
   using namespace detail;
-  embedding_backward(Space(), Vector<Space, const std::int32_t>(a.tokens, a.n),
-                     Matrix<Space, const float>(a.dout, a.n, a.c),
-                     Matrix<Space, float>(a.dwte, a.v, a.c));
+  embedding_backward<float>(Space(), Vector<Space, const std::int32_t>(a.tokens, a.n),
+                            Matrix<Space, const float>(a.dout, a.n, a.c),
+                            Matrix<Space, float>(a.dwte, a.v, a.c));
 }
 
 }  // namespace dst::kernels::kokkos_backend

@@ -31,9 +31,9 @@ void rope_tables(const ExecSpace& space, const double theta,
 /// In place over rows (b, t, h) of x viewed as (B*T*H, D). The inverse rotation (the
 /// backward: a rotation's transpose is its inverse) is the same with sin negated, which is
 /// exact, so forward then backward returns x up to two roundings per element.
-template <class ExecSpace>
+template <class T, class ExecSpace>
 void rope_apply(const ExecSpace& space, const char* label,
-                const Matrix<ExecSpace, float>& x,          // (B*T*H, D)
+                const Matrix<ExecSpace, T>& x,              // (B*T*H, D)
                 const Matrix<ExecSpace, const float>& cos,  // (>= T, D/2)
                 const Matrix<ExecSpace, const float>& sin,  // (>= T, D/2)
                 const Index t_len, const Index heads, const bool inverse) {
@@ -43,16 +43,16 @@ void rope_apply(const ExecSpace& space, const char* label,
       label, Range<ExecSpace>(space, 0, static_cast<Index>(x.extent(0))),
       KOKKOS_LAMBDA(const Index row) {
         const Index t = (row / heads) % t_len;
-        float* lo = &x(row, 0);
-        float* hi = lo + half;
+        T* lo = &x(row, 0);
+        T* hi = lo + half;
         const float* cr = &cos(t, 0);
         const float* sr = &sin(t, 0);
         for (Index i = 0; i < half; ++i) {
-          const float a = lo[i];
-          const float b = hi[i];
+          const float a = to_float(lo[i]);
+          const float b = to_float(hi[i]);
           const float s = sign * sr[i];
-          lo[i] = a * cr[i] - b * s;
-          hi[i] = b * cr[i] + a * s;
+          lo[i] = from_float<T>(a * cr[i] - b * s);
+          hi[i] = from_float<T>(b * cr[i] + a * s);
         }
       });
 }
@@ -72,7 +72,7 @@ void run(const kernels::detail::RopeArgs& a) {
   using namespace detail;
   // The tables may hold more positions than x uses (sized for the longest sequence);
   // only their first T rows are read.
-  rope_apply(
+  rope_apply<float>(
       Space(),
       a.inverse ? "dst::kernels::rope_backward::rotate" : "dst::kernels::rope_forward::rotate",
       Matrix<Space, float>(a.x, a.b * a.t * a.h, 2 * a.half),

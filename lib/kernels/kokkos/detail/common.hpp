@@ -41,6 +41,33 @@ constexpr Index column_block() {
              : 1;
 }
 
+/// Storage <-> compute conversions. The kernels of this folder are templates on the element
+/// type T their activations (and the gradients and parameters they read or write) are
+/// stored in; every load goes through to_float, every store through from_float<T>, and all
+/// arithmetic and accumulation is in float or double whatever T is. Only T = float is
+/// instantiated: both helpers are then the identity and the kernels compile to the same
+/// code as when they were written against float.
+///
+/// Adding bf16 storage (fp32 accumulation) needs no kernel change:
+///   1. here, a `dst::bf16` overload of to_float and a specialisation of from_float
+///      (include "core/bf16.hpp"; e.g. `return x.to_float();` and
+///      `return dst::bf16::from_float(x);`, marked KOKKOS_INLINE_FUNCTION, so the
+///      conversions in lib/core/bf16.cpp must be made available to device code);
+///   2. in each kernel file's `run`, instantiate the kernel templates with T = dst::bf16
+///      next to the existing T = float (views over the bf16 tensors' memory);
+///   3. the dtype checks in kernels.cpp then admit DType::bf16 for those tensors.
+/// Tables and statistics that are not activations (rope's cos/sin, rmsnorm's rstd, the
+/// per-token losses) stay float.
+KOKKOS_INLINE_FUNCTION float to_float(const float x) {
+  return x;
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T from_float(float x);
+template <>
+KOKKOS_INLINE_FUNCTION float from_float<float>(const float x) {
+  return x;
+}
+
 // Math that compiles in kernel bodies on every back end: Kokkos' functions moved from
 // Kokkos::Experimental (3.4) to Kokkos (3.7, and the only place in 4.x).
 #if KOKKOS_VERSION >= 30700

@@ -1,0 +1,21 @@
+#pragma once
+/// \file param_dump.hpp
+/// The parameters as a plain HDF5 file of named tensors (/params/<state-dict name>, f32,
+/// the tensor's shape; attribute `step`), readable with h5py and loadable into Hugging
+/// Face's LlamaForCausalLM. Written at the end of a run (`final-params.h5`), and by tests
+/// comparing runs. Collective checkpoints (optimizer state, data position) are the ckpt
+/// layer's; this is the model alone.
+
+#include <cstdint>
+#include <string>
+
+#include "model/param_store.hpp"
+
+namespace dst::train {
+
+/// Writes `path` (via `path.tmp` and a rename, so a partial file never has the name).
+/// Serial HDF5: call it on one rank. Throws dst::Error naming the file on failure.
+void write_parameters_h5(const std::string& path, const model::ParamStore& store,
+                         std::int64_t step);
+
+}  // namespace dst::train
