@@ -1,6 +1,7 @@
 #pragma once
 // Command-line parsing of the dstrain executable: a subcommand and a few flags.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,17 +25,37 @@ struct CheckOptions {
   std::string deck_out;  ///< also write the resolved deck (YAML) to this file
 };
 
+/// `dstrain prep`: the command line as given (checked for usage errors, not for files).
+struct PrepCommandOptions {
+  std::vector<std::string> inputs;  ///< files, directories, "-" (stdin)
+  std::string out_dir;
+  std::string tokenizer;  ///< a tokenizer.json, or empty with `byte`
+  bool byte = false;
+  std::string eos_token;        ///< BPE: the end-of-document token's text, overriding the file's
+  std::string format = "text";  ///< text | jsonl
+  std::string separator;        ///< text: a line equal to it ends a document
+  std::string field = "text";   ///< jsonl: the member holding the text
+  std::string utf8;             ///< error | replace | keep; empty = the format's default
+  double shard_mb = 64.0;
+  std::uint64_t valid_num = 0;  ///< held-out fraction valid_num / valid_den
+  std::uint64_t valid_den = 1;
+  std::string name = "data";
+  bool overwrite = false;
+  double timeout_s = 600.0;
+};
+
 struct Command {
-  enum class Kind { help, version, check, train } kind = Kind::help;
+  enum class Kind { help, version, check, train, prep } kind = Kind::help;
   std::string help_topic;  ///< for Kind::help: "" (general) or a subcommand
   CommonOptions common;
   CheckOptions check;  ///< check and train: the deck and its overrides
+  PrepCommandOptions prep;
 };
 
 /// Parses argv; throws dst::UsageError or dst::DeckError (malformed --set).
 Command parse_command_line(int argc, char** argv);
 
-/// The --help text for a topic ("" = general, "check").
+/// The --help text for a topic ("" = general, "check", "train", "prep").
 std::string help_text(const std::string& topic);
 
 }  // namespace dst::app

@@ -5,15 +5,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
 #include "data/byte_vocab.hpp"
+#include "data/dataset/token_dataset.hpp"
 #include "model/plan.hpp"
 #include "session.hpp"
 #include "train/baseline.hpp"
+#include "train/hdf5_store.hpp"
 #include "train/metrics.hpp"
 #include "train/param_dump.hpp"
 #include "train/text_store.hpp"
@@ -55,6 +59,121 @@ bool is_text(const config::DataSection& d) {
   return d.train.size() >= 4 && d.train.compare(d.train.size() - 4, 4, ".txt") == 0;
 }
 
+/// The bigram baseline reads every token on one rank: above this many (train + valid)
+/// it is skipped, since 50 M int32 tokens are already 200 MB and seconds of reading.
+constexpr std::uint64_t kBigramMaxTokens = 50'000'000;
+
+/// A run's training and validation samples: text files (byte-level, in memory) or HDF5
+/// shards (data.format hdf5, or auto with a path not ending in .txt) read by a
+/// BatchReader.
+struct RunData {
+  std::unique_ptr<train::SampleStore> train, valid;  // valid: possibly empty
+  train::Hdf5SampleStore* train_h5 = nullptr;        // HDF5: follows the sampler
+  train::Hdf5SampleStore* valid_h5 = nullptr;
+  std::uint64_t train_docs = 0, train_tokens = 0, valid_tokens = 0;
+};
+
+/// Opens data.train / data.valid on every rank (HDF5: collectively, rank 0 reading the
+/// headers). A problem is reported once and ends the job with the deck exit code.
+RunData load_run_data(runtime::Runtime& rt, const config::RunConfig& cfg,
+                      const config::Layout& layout) {
+  RunData d;
+  std::string problem;
+  try {
+    if (cfg.data.train.empty()) throw DeckError("data.train", "", "no training data configured");
+    if (is_text(cfg.data)) {
+      if (cfg.model.vocab_size < data::kByteVocabSize)
+        throw DeckError("model.vocab_size", "",
+                        "text data uses the byte-level vocabulary of " +
+                            std::to_string(data::kByteVocabSize) + " tokens; got " +
+                            std::to_string(cfg.model.vocab_size));
+      std::int64_t docs = 0;
+      auto train_tokens = data::load_text_stream(expand_paths(cfg.data.train, "data.train"),
+                                                 cfg.data.text_separator, &docs);
+      std::vector<std::int32_t> valid_tokens;
+      if (!cfg.data.valid.empty())
+        valid_tokens = data::load_text_stream(expand_paths(cfg.data.valid, "data.valid"),
+                                              cfg.data.text_separator);
+      d.train_docs = static_cast<std::uint64_t>(docs);
+      d.train_tokens = train_tokens.size();
+      d.valid_tokens = valid_tokens.size();
+      d.train = std::make_unique<train::TextSampleStore>(std::move(train_tokens), cfg.data.seq_len);
+      d.valid = std::make_unique<train::TextSampleStore>(std::move(valid_tokens), cfg.data.seq_len);
+    } else {
+      // The reader's thread calls MPI-IO while this one runs collectives: prefetch only
+      // when MPI allows that (the runtime asks for MPI_THREAD_MULTIPLE).
+      data::BatchReaderOptions ro;
+      ro.prefetch = rt.thread_level() == "multiple";
+      ro.inject_read_delay_ms = static_cast<int>(cfg.debug.inject_read_delay_ms);
+      const int T = static_cast<int>(cfg.data.seq_len);
+      const data::TokenDataset train_ds = data::open_dataset(rt.world(), cfg.data.train, T);
+      if (train_ds.vocab_size() > static_cast<std::uint64_t>(cfg.model.vocab_size))
+        throw DeckError("model.vocab_size", "",
+                        "is " + std::to_string(cfg.model.vocab_size) + " but the shards of '" +
+                            cfg.data.train + "' (tokenizer " + train_ds.tokenizer().name +
+                            ") use " + std::to_string(train_ds.vocab_size()) + " ids");
+      for (const auto& h : train_ds.shards())
+        d.train_docs += h.num_documents;
+      d.train_tokens = train_ds.num_tokens();
+      auto train = std::make_unique<train::Hdf5SampleStore>(train_ds, ro);
+      d.train_h5 = train.get();
+      d.train = std::move(train);
+      if (!cfg.data.valid.empty()) {
+        const data::TokenDataset valid_ds = data::open_dataset(rt.world(), cfg.data.valid, T);
+        if (!(valid_ds.tokenizer() == train_ds.tokenizer()))
+          throw DeckError("data.valid", "",
+                          "tokenizer " + valid_ds.tokenizer().name + " (" +
+                              valid_ds.tokenizer().hash + ") differs from data.train's " +
+                              train_ds.tokenizer().name + " (" + train_ds.tokenizer().hash + ")");
+        d.valid_tokens = valid_ds.num_tokens();
+        // Evaluation reads a few batches at a time and waits for them: no read-ahead.
+        data::BatchReaderOptions vo = ro;
+        vo.prefetch = false;
+        auto valid = std::make_unique<train::Hdf5SampleStore>(valid_ds, vo);
+        d.valid_h5 = valid.get();
+        d.valid = std::move(valid);
+      } else {
+        d.valid =
+            std::make_unique<train::TextSampleStore>(std::vector<std::int32_t>{}, cfg.data.seq_len);
+      }
+    }
+    const auto samples = d.train->num_samples();
+    if (samples < static_cast<std::uint64_t>(layout.global_batch_size))
+      throw DeckError("data.train", "",
+                      "has " + std::to_string(samples) + " samples of " +
+                          std::to_string(cfg.data.seq_len) +
+                          " tokens, fewer than one global batch (" +
+                          std::to_string(layout.global_batch_size) + ")");
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  runtime::agree_or_fail(rt.world(), problem.empty(), "cannot load the training data: " + problem,
+                         kExitDeck, cfg.parallel.init_timeout_s, "data");
+  return d;
+}
+
+/// The bigram baseline of the run's data (rank 0; nullopt elsewhere), or nullopt with a
+/// stated reason when the HDF5 data is too large to count on one rank.
+std::optional<double> bigram_baseline(const RunData& d, const config::RunConfig& cfg, bool root,
+                                      std::string& note) {
+  if (!root) return std::nullopt;
+  const auto vocab = static_cast<std::int32_t>(cfg.model.vocab_size);
+  if (!d.train_h5) {
+    const auto& t = static_cast<const train::TextSampleStore&>(*d.train).stream();
+    const auto& v = static_cast<const train::TextSampleStore&>(*d.valid).stream();
+    return train::bigram_cross_entropy(t, v, vocab);
+  }
+  if (!d.valid_h5) return std::nullopt;
+  if (d.train_tokens + d.valid_tokens > kBigramMaxTokens) {
+    note = " | bigram baseline skipped (" + std::to_string(d.train_tokens + d.valid_tokens) +
+           " tokens > " + std::to_string(kBigramMaxTokens) + ")";
+    return std::nullopt;
+  }
+  return train::bigram_cross_entropy(
+      train::read_token_stream(d.train_h5->dataset(), d.train_tokens),
+      train::read_token_stream(d.valid_h5->dataset(), d.valid_tokens), vocab);
+}
+
 std::string duration(double s) {
   const long t = static_cast<long>(s + 0.5);
   return std::to_string(t / 60) + "m" + (t % 60 < 10 ? "0" : "") + std::to_string(t % 60) + "s";
@@ -72,43 +191,14 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   const config::Layout& layout = session.layout;
   const bool root = rt.rank() == 0;
 
-  // --- data (every rank reads the same small text files; HDF5 shards come from prep)
-  std::string problem;
-  std::vector<std::int32_t> train_tokens, valid_tokens;
-  std::int64_t train_docs = 0, valid_docs = 0;
-  try {
-    if (cfg.data.train.empty()) throw DeckError("data.train", "", "no training data configured");
-    if (!is_text(cfg.data))
-      throw DeckError("data.format", "",
-                      "training from HDF5 shards is not available yet in this version; use "
-                      "byte-level text data (data.format: text)");
-    if (cfg.model.vocab_size < data::kByteVocabSize)
-      throw DeckError("model.vocab_size", "",
-                      "text data uses the byte-level vocabulary of " +
-                          std::to_string(data::kByteVocabSize) + " tokens; got " +
-                          std::to_string(cfg.model.vocab_size));
-    train_tokens = data::load_text_stream(expand_paths(cfg.data.train, "data.train"),
-                                          cfg.data.text_separator, &train_docs);
-    if (!cfg.data.valid.empty())
-      valid_tokens = data::load_text_stream(expand_paths(cfg.data.valid, "data.valid"),
-                                            cfg.data.text_separator, &valid_docs);
-    const auto samples = data::sample_count(train_tokens, cfg.data.seq_len);
-    if (samples < layout.global_batch_size)
-      throw DeckError("data.train", "",
-                      "has " + std::to_string(samples) + " samples of " +
-                          std::to_string(cfg.data.seq_len) +
-                          " tokens, fewer than one global batch (" +
-                          std::to_string(layout.global_batch_size) + ")");
-  } catch (const Error& e) {
-    problem = e.what();
-  }
-  runtime::agree_or_fail(rt.world(), problem.empty(), "cannot load the training data: " + problem,
-                         kExitDeck, cfg.parallel.init_timeout_s, "data");
-  train::TextSampleStore train_store(std::move(train_tokens), cfg.data.seq_len);
-  train::TextSampleStore valid_store(std::move(valid_tokens), cfg.data.seq_len);
+  // --- data: text files in memory, or HDF5 shards (from dstrain prep) read ahead
+  RunData run_data = load_run_data(rt, cfg, layout);
+  train::SampleStore& train_store = *run_data.train;
+  train::SampleStore& valid_store = *run_data.valid;
 
   train::Trainer trainer(cfg, layout, session.groups, train_store);
   trainer.initialize_parameters();
+  if (run_data.train_h5) run_data.train_h5->follow(trainer.sampler(), cfg.training.max_steps);
 
   // --- run directory, metrics, the peak MFU is measured against
   const std::filesystem::path dir(cfg.run.output_dir);
@@ -128,12 +218,12 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   log::info("model: " + cfg.model.preset + ", " +
             model::format_count(static_cast<double>(params.total())) + " parameters, " +
             model::format_count(flops_per_token) + " FLOPs per token");
-  log::info("data: " + std::to_string(train_docs) + " documents, " +
-            std::to_string(train_store.stream().size()) + " tokens, " +
+  log::info("data: " + std::to_string(run_data.train_docs) + " documents, " +
+            std::to_string(run_data.train_tokens) + " tokens, " +
             std::to_string(sampler_cfg.num_samples) + " samples of " +
             std::to_string(cfg.data.seq_len) + " (" +
             std::to_string(trainer.sampler().steps_per_epoch()) + " steps per epoch); validation " +
-            std::to_string(valid_store.stream().size()) + " tokens");
+            std::to_string(run_data.valid_tokens) + " tokens");
   log::info("steps: " + std::to_string(cfg.training.max_steps) + " x global batch " +
             std::to_string(layout.global_batch_size) + " (micro-batch " +
             std::to_string(cfg.training.micro_batch_size) + " x " +
@@ -203,12 +293,16 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   if (valid_store.num_samples() > 0) {
     const auto [loss, tokens] = trainer.evaluate(valid_store, cfg.eval.batches);
     log::info(metrics.eval(max_steps, loss, tokens));
-    const double bigram =
-        train::bigram_cross_entropy(train_store.stream(), valid_store.stream(),
-                                    static_cast<std::int32_t>(cfg.model.vocab_size));
-    std::snprintf(buf, sizeof buf, " | val loss %.4f | bigram baseline %.4f (%s)", loss, bigram,
-                  loss < bigram ? "beaten" : "NOT beaten");
+    std::string note;
+    const std::optional<double> bigram = bigram_baseline(run_data, cfg, root, note);
+    std::snprintf(buf, sizeof buf, " | val loss %.4f", loss);
     summary += buf;
+    if (bigram) {
+      std::snprintf(buf, sizeof buf, " | bigram baseline %.4f (%s)", *bigram,
+                    loss < *bigram ? "beaten" : "NOT beaten");
+      summary += buf;
+    }
+    summary += note;
   }
   if (root)
     train::write_parameters_h5((dir / "final-params.h5").string(), trainer.model().params(),

@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
       return run_parallel(argc, argv, cmd, app::run_check);
     case app::Command::Kind::train:
       return run_parallel(argc, argv, cmd, app::run_train);
+    case app::Command::Kind::prep:
+      return run_parallel(argc, argv, cmd, app::run_prep);
   }
   return kExitError;
 }

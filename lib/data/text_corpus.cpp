@@ -12,7 +12,6 @@ namespace dst::data {
 namespace {
 
 void append_document(std::vector<std::int32_t>& stream, const std::string& text) {
-  stream.reserve(stream.size() + text.size() + 1);
   for (const unsigned char c : text)
     stream.push_back(static_cast<std::int32_t>(c));
   stream.push_back(kByteEos);

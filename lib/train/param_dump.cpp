@@ -26,12 +26,13 @@ void write_parameters_h5(const std::string& path, const model::ParamStore& store
   for (std::size_t i = 0; ok && i < store.size(); ++i) {
     const auto& spec = store.spec(i);
     std::vector<hsize_t> dims;
-    for (int d = 0; d < spec.shape.rank; ++d) dims.push_back(static_cast<hsize_t>(spec.shape[d]));
+    for (int d = 0; d < spec.shape.rank; ++d)
+      dims.push_back(static_cast<hsize_t>(spec.shape[d]));
     const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
     const hid_t d = H5Dcreate2(g, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT,
                                H5P_DEFAULT, H5P_DEFAULT);
-    ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                            store.param(i).data) >= 0;
+    ok = d >= 0 &&
+         H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, store.param(i).data) >= 0;
     if (d >= 0) H5Dclose(d);
     H5Sclose(space);
   }

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""dstrain against PyTorch DDP, side by side in one run (driven by ddp_compare.sh).
+
+For each model case, repeated REPS times with the implementations interleaved (so both
+see the same background load): dstrain train at 1 and 2 ranks, and ddp_reference.py
+(transformers' LlamaForCausalLM, DDP over gloo, 1 thread per process) at 1 and 2
+processes, every run with the same per-rank micro-batch and sequence length (weak
+scaling: the global batch is micro x ranks, no accumulation). dstrain's rate is the median
+of its per-step tokens_per_s records in metrics.jsonl after WARMUP steps; PyTorch's the
+median of its timed steps after WARMUP. Figures are the medians over the repetitions.
+
+  model GFLOP/s = model FLOPs per token (docs/performance.md) x tokens/s
+  MFU           = model GFLOP/s / (SGEMM peak per core x ranks), the peak being the
+                  median of the single-thread SGEMM 2048^3 rates dstrain measured at the
+                  start of its runs (the same OpenBLAS and environment)
+  scaling       = tokens/s at 2 ranks / (2 x tokens/s at 1 rank)
+
+usage: ddp_compare.py DSTRAIN SRC_DIR WORK_DIR REPS MODE(full|smoke) -- LAUNCHER_PREFIX...
+  (the launcher prefix takes the rank count appended: e.g. "mpiexec --oversubscribe -n")
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+# name: preset, sequence length, micro-batch per rank, steps, warm-up steps dropped
+CASES = {
+    "full": [("tiny", 256, 8, 10, 3), ("small", 512, 1, 7, 2)],
+    "smoke": [("tiny", 64, 2, 3, 1)],
+}
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout + r.stderr)
+        raise SystemExit(f"ddp_compare: {' '.join(cmd[:6])} ... exited {r.returncode}")
+    return r.stdout
+
+
+def dstrain_rate(dstrain, src, work, data, launch, ranks, preset, seq, micro, steps, warmup):
+    out = os.path.join(work, f"dstrain-{preset}-np{ranks}")
+    shutil.rmtree(out, ignore_errors=True)
+    run([*launch, str(ranks), dstrain, "train", os.path.join(src, "inputs/tiny.yaml"),
+         "--set", f"model.preset={preset}", "--set", f"data.train={data}/train.txt",
+         "--set", f"data.valid={data}/valid.txt", "--set", "data.text_separator=",
+         "--set", f"data.seq_len={seq}", "--set", f"training.micro_batch_size={micro}",
+         "--set", f"training.global_batch_size={micro * ranks}",
+         "--set", f"training.max_steps={steps}", "--set", "training.schedule.warmup_steps=1",
+         "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
+         "--set", "eval.batches=1", "--set", "debug.consistency_every=0",
+         "--set", f"run.output_dir={out}"])
+    recs = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if x.strip()]
+    header = next(x for x in recs if x["type"] == "header")
+    rates = [x["tokens_per_s"] for x in recs if x["type"] == "step" and x["step"] > warmup]
+    return statistics.median(rates), header["peak_gflops_per_rank"]
+
+
+def ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup):
+    out = run([py, os.path.join(here, "ddp_reference.py"), "--preset", preset, "--ranks",
+               str(ranks), "--micro", str(micro), "--seq", str(seq), "--steps",
+               str(steps - warmup), "--warmup", str(warmup)])
+    rec = json.loads(out.strip().splitlines()[-1])
+    return rec["tokens_per_s"], rec["flops_per_token"]
+
+
+def main():
+    sep = sys.argv.index("--")
+    dstrain, src, work, reps, mode = sys.argv[1:sep]
+    launch = sys.argv[sep + 1:]
+    reps = int(reps)
+    here = os.path.dirname(os.path.abspath(__file__))
+    py = sys.executable
+    os.makedirs(work, exist_ok=True)
+    data = os.path.join(work, "data")
+    run([py, os.path.join(src, "tests/e2e/training/synthetic_language.py"), "generate", data,
+         "--seq-len", "512", "--train-samples", "64", "--valid-samples", "2"])
+    rows, peaks = [], []
+    for preset, seq, micro, steps, warmup in CASES[mode]:
+        got = {k: [] for k in ("d1", "d2", "p1", "p2")}
+        fpt = None
+        for rep in range(reps):
+            for ranks in (2, 1):
+                r, peak = dstrain_rate(dstrain, src, work, data, launch, ranks, preset, seq, micro,
+                                       steps, warmup)
+                got[f"d{ranks}"].append(r)
+                peaks.append(peak)
+                r, fpt = ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup)
+                got[f"p{ranks}"].append(r)
+            print(f"  {preset} rep {rep + 1}/{reps}: " +
+                  ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()), flush=True)
+        med = {k: statistics.median(v) for k, v in got.items()}
+        rows.append((preset, seq, micro, fpt, med, got))
+    peak = statistics.median(peaks)
+    print(f"\nSGEMM peak (median of {len(peaks)} dstrain start-up measurements): {peak:.1f} "
+          f"GFLOP/s per core")
+    print(f"medians of {reps} repetitions; tokens/s of all ranks together; MFU vs peak x ranks")
+    print("| model | seq x micro/rank | implementation | ranks | tokens/s | model GFLOP/s | MFU |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    summary = []
+    for preset, seq, micro, fpt, med, got in rows:
+        for impl, key in (("dstrain", "d"), ("PyTorch DDP (gloo)", "p")):
+            for ranks in (1, 2):
+                tps = med[f"{key}{ranks}"]
+                g = fpt * tps / 1e9
+                print(f"| {preset} | {seq} x {micro} | {impl} | {ranks} | {tps:.0f} | {g:.1f} | "
+                      f"{100 * g / (peak * ranks):.1f}% |")
+        speedup = med["d2"] / med["p2"]
+        scaling = med["d2"] / (2 * med["d1"])
+        ddp_scaling = med["p2"] / (2 * med["p1"])
+        mfu2 = fpt * med["d2"] / 1e9 / (2 * peak)
+        summary.append(f"{preset}: dstrain/DDP at 2 ranks {speedup:.2f}x; dstrain MFU at 2 ranks "
+                       f"{100 * mfu2:.1f}%; 1->2 scaling efficiency dstrain {100 * scaling:.1f}%, "
+                       f"DDP {100 * ddp_scaling:.1f}%")
+    print("\n" + "\n".join(summary))
+    print("ddp compare: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# dstrain against PyTorch DistributedDataParallel (gloo, 1 thread per process) on the same
+# model shapes and batches, side by side in one run; prints a Markdown table (tokens/s,
+# model GFLOP/s, MFU vs the SGEMM peak), dstrain/DDP at 2 ranks and 1->2 rank scaling.
+# usage: benchmarks/training/ddp_compare.sh [BUILD_DIR] [REPETITIONS] [full|smoke]
+#   full (default): tiny (seq 256 x 8 per rank) and small (seq 512 x 1 per rank), about
+#   10 minutes at 3 repetitions on 2 cores; smoke: tiny at seq 64, 3 steps (CTest).
+# Needs the oracle Python environment (scripts/setup-oracles: torch, transformers);
+# DSTRAIN_PYTHON overrides it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+build=${1:-build/cpu-release}
+reps=${2:-3}
+mode=${3:-full}
+py=${DSTRAIN_PYTHON:-$("$src/scripts/setup-oracles")}
+work=${DSTRAIN_BENCH_WORK:-$(mktemp -d)}
+# The same environment for both sides: one thread per process (BLAS, OpenMP, PyTorch).
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none
+exec "$py" "$here/ddp_compare.py" "$build/bin/dstrain" "$src" "$work" "$reps" "$mode" -- \
+  mpiexec --oversubscribe -n
