@@ -259,7 +259,8 @@ void visit_parallel(V& v, S&... s) {
           s.bucket_mb...);
   v.field("parallel.overlap",
           Spec("Start each gradient bucket's all-reduce during backward as soon as it is "
-               "final; false = all after backward (to measure what overlap saves)."),
+               "final (polled between layers); false = all after backward, which measured "
+               "faster on CPUs with Open MPI (docs/performance.md)."),
           s.overlap...);
   v.field("parallel.timeout_s",
           Spec("Deadline of every collective in seconds; the hang watchdog's limit.")
