@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/mpi_benchmark.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "core/log.hpp"
 
@@ -71,12 +72,6 @@ BENCHMARK(BM_mpi_allreduce_f32_baseline)
     ->UseManualTime();
 
 /// Reports nothing: ranks other than 0 run the benchmarks silently.
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,24 +80,11 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   dst::log::set_rank(rank);
-  // Only rank 0 may write a --benchmark_out file; the others drop the flag.
-  std::vector<char*> args(argv, argv + argc);
-  if (rank != 0) {
-    std::vector<char*> kept;
-    for (char* a : args)
-      if (std::strncmp(a, "--benchmark_out", 15) != 0) kept.push_back(a);
-    args = kept;
-  }
-  int nargs = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&nargs, args.data());
-  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) {
+  if (!dst::bench::initialize_for_rank(rank, argc, argv)) {
     MPI_Finalize();
     return 2;
   }
-  NullReporter quiet;
-  const std::size_t ran =
-      rank == 0 ? benchmark::RunSpecifiedBenchmarks() : benchmark::RunSpecifiedBenchmarks(&quiet);
+  const std::size_t ran = dst::bench::run_reporting_on_rank0(rank);
   benchmark::Shutdown();
   MPI_Finalize();
   return ran > 0 ? 0 : 1;  // a filter that matches nothing is a broken smoke test

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mpi_benchmark.hpp"
 #include "core/log.hpp"
 #include "data/byte_vocab.hpp"
 #include "data/dataset/batch_reader.hpp"
@@ -184,12 +185,6 @@ BENCHMARK(BM_prefetch_hidden_latency)
     ->Unit(benchmark::kMillisecond);
 
 /// Reports nothing: ranks other than 0 run the benchmarks silently.
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,26 +194,14 @@ int main(int argc, char** argv) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   const int rank = world_rank();
   dst::log::set_rank(rank);
-  std::vector<char*> args(argv, argv + argc);
-  if (rank != 0) {  // only rank 0 may write a --benchmark_out file
-    std::vector<char*> kept;
-    for (char* a : args)
-      if (std::strncmp(a, "--benchmark_out", 15) != 0) kept.push_back(a);
-    args = kept;
-  }
-  int nargs = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&nargs, args.data());
-  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) {
+  if (!dst::bench::initialize_for_rank(rank, argc, argv)) {
     MPI_Finalize();
     return 2;
   }
   std::size_t ran = 0;
   try {
     write_dataset();
-    NullReporter quiet;
-    ran =
-        rank == 0 ? benchmark::RunSpecifiedBenchmarks() : benchmark::RunSpecifiedBenchmarks(&quiet);
+    ran = dst::bench::run_reporting_on_rank0(rank);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
