@@ -17,8 +17,8 @@
 #include <cstring>
 #include <vector>
 
-#include "common/mpi_benchmark.hpp"
 #include "comm/mpi_communicator.hpp"
+#include "common/mpi_benchmark.hpp"
 #include "core/log.hpp"
 
 namespace {

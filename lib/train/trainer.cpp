@@ -55,6 +55,15 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   sc.dp_rank = groups.data_rank;
   sc.dp_size = layout.data;
   sampler_ = std::make_unique<data::Sampler>(sc);
+  auto& ps = model_->params();
+  buckets_ = std::make_unique<GradBuckets>(*groups.data, ps.grads_data(), ps.buffer_elements(),
+                                           config.parallel.bucket_mb * 1024.0 * 1024.0,
+                                           config.parallel.overlap);
+  // debug.inject_nan_step poisons the first gradient of the last block's MLP output.
+  inject_nan_offset_ =
+      ps.spec(ps.index_of("model.layers." + std::to_string(config.model.n_layers - 1) +
+                          ".mlp.down_proj.weight"))
+          .offset;
   batch_.resize(static_cast<std::size_t>(layout.grad_accum_steps * micro * (T + 1)));
   tokens_.resize(static_cast<std::size_t>(micro * T));
   targets_.resize(tokens_.size());
@@ -85,14 +94,11 @@ StepStats Trainer::step() {
 
   // --- forward + backward, gradients summed locally; buckets start on the last one
   ps.zero_grads();
-  GradBuckets buckets(*groups_.data, ps.grads_data(), ps.buffer_elements(),
-                      cfg_.parallel.bucket_mb * 1024.0 * 1024.0, overlap_ && cfg_.parallel.overlap);
+  GradBuckets& buckets = *buckets_;
+  buckets.reset();
   const bool inject =
       cfg_.debug.inject_nan_step == step_ && groups_.world->rank() == groups_.world->size() - 1;
-  const std::size_t inject_at =
-      ps.spec(ps.index_of("model.layers." + std::to_string(cfg_.model.n_layers - 1) +
-                          ".mlp.down_proj.weight"))
-          .offset;
+  const std::size_t inject_at = inject_nan_offset_;
   bool injected = false;
   auto on_ready = [&](std::size_t offset) {
     if (inject && !injected && offset <= inject_at) {

@@ -74,8 +74,6 @@ class Trainer {
   model::DenseModel& model() { return *model_; }
   const AdamW& optimizer() const { return *optimizer_; }
   data::Sampler& sampler() { return *sampler_; }
-  /// Turns bucket overlap off (all-reduce after backward) for the overlap measurement.
-  void set_overlap(bool on) { overlap_ = on; }
 
  private:
   const config::RunConfig& cfg_;
@@ -91,7 +89,8 @@ class Trainer {
   std::vector<std::int32_t> tokens_, targets_;  ///< (micro_batch_size, T)
   std::int64_t step_ = 0;
   std::int64_t skipped_ = 0;
-  bool overlap_ = true;
+  std::unique_ptr<GradBuckets> buckets_;  ///< ranges of the flat gradient buffer, made once
+  std::size_t inject_nan_offset_ = 0;     ///< where debug.inject_nan_step puts its NaN
 };
 
 }  // namespace dst::train
