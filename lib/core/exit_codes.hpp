@@ -14,6 +14,10 @@ enum ExitCode : int {
   kExitPlan = 5,      ///< `check`: the plan needs more memory than a rank has
   kExitDiverged = 6,  ///< training: non-finite gradients (nan_policy abort) or ranks whose
                       ///< parameters differ
+  kExitPreempted = 7,   ///< stopped on request (SIGUSR1, SIGTERM, SIGINT) after saving a
+                        ///< checkpoint: requeue the job and it resumes
+  kExitCheckpoint = 8,  ///< a checkpoint could not be written, or none could be loaded
+  kExitInjected = 9,    ///< a debug.inject_* fault ended this process (tests only)
 };
 
 }  // namespace dst
