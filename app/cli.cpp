@@ -1,5 +1,6 @@
 #include "cli.hpp"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -138,9 +139,197 @@ void parse_prep(const std::vector<std::string>& given, std::size_t first, Comman
   if (p.utf8.empty()) p.utf8 = p.byte && p.format == "text" ? "keep" : "error";
 }
 
+// --- checkpoint tools (issue 6): inspect, export, generate ---
+/// Options of `inspect`, `export`, `generate` from args[first..]: one checkpoint file and
+/// the subcommand's flags (--flag value or --flag=value).
+void parse_tool(const std::vector<std::string>& given, std::size_t first, const std::string& sub,
+                Command& cmd) {
+  std::vector<std::string> args;
+  for (std::size_t k = first; k < given.size(); ++k) {
+    const std::string& g = given[k];
+    const auto eq = g.find('=');
+    if (g.compare(0, 2, "--") == 0 && eq != std::string::npos) {
+      args.push_back(g.substr(0, eq));
+      args.push_back(g.substr(eq + 1));
+    } else {
+      args.push_back(g);
+    }
+  }
+  std::size_t i = 0;
+  auto value_of = [&](const std::string& flag) -> std::string {
+    if (i >= args.size()) throw UsageError(sub + ": " + flag + " needs a value");
+    return args[i++];
+  };
+  auto integer = [&](const std::string& flag, long long min) -> long long {
+    const std::string v = value_of(flag);
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || errno != 0 || n < min)
+      throw UsageError(sub + ": " + flag + " needs an integer >= " + std::to_string(min) +
+                       ", got '" + v + "'");
+    return n;
+  };
+  auto number = [&](const std::string& flag) -> double {
+    const std::string v = value_of(flag);
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end != '\0' || !std::isfinite(x))
+      throw UsageError(sub + ": " + flag + " needs a number, got '" + v + "'");
+    return x;
+  };
+  std::string checkpoint;
+  double timeout_s = 600.0;
+  bool prompt_given = false;
+  while (i < args.size()) {
+    const std::string a = args[i++];
+    if (a == "-h" || a == "--help") {
+      cmd.kind = Command::Kind::help;
+      cmd.help_topic = sub;
+      return;
+    } else if (a == "--timeout") {
+      timeout_s = parse_seconds(a, value_of(a));
+    } else if (a == "--log-level") {
+      cmd.common.log_level = log::parse_level(value_of(a));
+    } else if (a == "--init-timeout") {
+      cmd.common.init_timeout_s = parse_seconds(a, value_of(a));
+    } else if (sub == "inspect" && a == "--verify") {
+      cmd.inspect.verify = true;
+    } else if (sub == "inspect" && a == "--no-verify") {
+      cmd.inspect.verify = false;
+    } else if (sub == "inspect" && a == "--no-deck") {
+      cmd.inspect.deck = false;
+    } else if (sub == "export" && a == "--format") {
+      cmd.export_.format = value_of(a);
+      if (cmd.export_.format != "safetensors")
+        throw UsageError("export: --format must be safetensors, got '" + cmd.export_.format + "'");
+    } else if (sub == "export" && (a == "--out" || a == "-o")) {
+      cmd.export_.out_dir = value_of(a);
+    } else if (sub == "export" && a == "--dtype") {
+      cmd.export_.dtype = value_of(a);
+      if (cmd.export_.dtype != "f32" && cmd.export_.dtype != "bf16")
+        throw UsageError("export: --dtype must be f32 or bf16, got '" + cmd.export_.dtype + "'");
+    } else if (sub == "generate" && a == "--prompt") {
+      cmd.generate.prompt = value_of(a);
+      prompt_given = true;
+    } else if (sub == "generate" && a == "--max-new-tokens") {
+      cmd.generate.max_new_tokens = integer(a, 1);
+    } else if (sub == "generate" && a == "--temperature") {
+      cmd.generate.temperature = number(a);
+      if (cmd.generate.temperature < 0.0)
+        throw UsageError("generate: --temperature must be >= 0 (0: greedy)");
+    } else if (sub == "generate" && a == "--top-k") {
+      cmd.generate.top_k = integer(a, 0);
+    } else if (sub == "generate" && a == "--top-p") {
+      cmd.generate.top_p = number(a);
+      if (!(cmd.generate.top_p > 0.0 && cmd.generate.top_p <= 1.0))
+        throw UsageError("generate: --top-p must be in (0, 1]");
+    } else if (sub == "generate" && a == "--seed") {
+      cmd.generate.seed = static_cast<std::uint64_t>(integer(a, 0));
+    } else if (sub == "generate" && a == "--tokenizer") {
+      cmd.generate.tokenizer = value_of(a);
+    } else if (sub == "generate" && a == "--json") {
+      cmd.generate.json = true;
+    } else if (sub == "generate" && a == "--ignore-eos") {
+      cmd.generate.ignore_eos = true;
+    } else if (a.size() > 1 && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "' for '" + sub + "' (try: dstrain " + sub +
+                       " --help)");
+    } else if (checkpoint.empty()) {
+      checkpoint = a;
+    } else {
+      throw UsageError("'" + sub + "' takes one checkpoint file, got a second: '" + a + "'");
+    }
+  }
+  if (checkpoint.empty())
+    throw UsageError("'" + sub + "' needs a checkpoint file: dstrain " + sub + " <step-N.h5>");
+  if (sub == "inspect") {
+    cmd.kind = Command::Kind::inspect;
+    cmd.inspect.checkpoint = checkpoint;
+    cmd.inspect.timeout_s = timeout_s;
+  } else if (sub == "export") {
+    if (cmd.export_.out_dir.empty()) throw UsageError("export: --out DIR is required");
+    cmd.kind = Command::Kind::export_;
+    cmd.export_.checkpoint = checkpoint;
+    cmd.export_.timeout_s = timeout_s;
+  } else {
+    if (!prompt_given) throw UsageError("generate: --prompt TEXT is required (it may be empty)");
+    cmd.kind = Command::Kind::generate;
+    cmd.generate.checkpoint = checkpoint;
+    cmd.generate.timeout_s = timeout_s;
+  }
+}
+// --- end checkpoint tools ---
+
 }  // namespace
 
 std::string help_text(const std::string& topic) {
+  // --- checkpoint tools (issue 6) ---
+  if (topic == "inspect") {
+    return R"(usage: dstrain inspect <step-N.h5> [--no-verify] [--no-deck] [--timeout S]
+
+Prints a checkpoint's metadata (format version, step, sampler position, samples seen,
+optimizer and skipped steps, seed, loss scale, software version, creation time, the
+world layout at save time, tokenizer), its tensor table (name, shape, dtype, stored
+checksum and, unless --no-verify, the recomputed checksum's status OK/MISMATCH) and the
+resolved deck it was trained with. The file is opened as training resumes it: the
+manifest beside it (size and whole-file hash) is checked before HDF5 reads a byte.
+
+options:
+  --no-verify         do not recompute the per-tensor checksums (faster: the manifest's
+                      whole-file hash is still checked)
+  --no-deck           do not print the stored deck
+  --timeout S         deadline of each collective read (default 600)
+
+exit codes: 0 ok, 2 usage, 8 damaged or unreadable checkpoint (manifest, format or
+checksum mismatch; the message names the check and the tensor); see docs/tools.md.
+)" + help_text("common");
+  }
+  if (topic == "export") {
+    return R"(usage: dstrain export <step-N.h5> --format safetensors --out DIR [--dtype f32|bf16]
+
+Writes the checkpoint's parameters (not the optimizer moments) for Hugging Face
+transformers: DIR/model.safetensors, DIR/config.json (LlamaForCausalLM, from the deck
+stored in the checkpoint) and DIR/tokenizer.json when the run used a tokenizer.json.
+  AutoModelForCausalLM.from_pretrained(DIR)   loads the result.
+
+options:
+  --format safetensors  the only format (default)
+  --out DIR             output folder (created; existing files of the same names are
+                        replaced)
+  --dtype f32|bf16      stored precision (default f32: exactly the trained weights)
+  --timeout S           deadline of each collective read (default 600)
+
+exit codes: 0 ok, 1 write failure, 2 usage, 8 damaged checkpoint; see docs/tools.md.
+)" + help_text("common");
+  }
+  if (topic == "generate") {
+    return R"(usage: dstrain generate <step-N.h5> --prompt TEXT [options]
+
+Continues TEXT with the checkpoint's model (a key/value cache: the prompt is run once,
+then one token at a time) and prints the prompt and its continuation. Decoding is
+greedy by default; with --temperature > 0 tokens are sampled (top-k, then top-p) from a
+counter-based generator keyed by --seed, so a run is reproducible. Generation stops at
+--max-new-tokens, at the tokenizer's end-of-document token, or when prompt and
+continuation fill the model's max_seq_len. Text goes to stdout, a summary to stderr.
+
+options:
+  --prompt TEXT         the text to continue (may be empty: starts a new document)
+  --max-new-tokens N    at most N new tokens (default 64)
+  --temperature T       0 (default): greedy; > 0: sample softmax(logits / T)
+  --top-k K             sample among the K most likely tokens (default 0: all)
+  --top-p P             sample among the smallest most-likely set of mass >= P
+                        (default 1: all)
+  --seed S              the sampler's seed (default 0)
+  --tokenizer FILE      a tokenizer.json to use instead of the checkpoint's
+  --ignore-eos          do not stop at the end-of-document token
+  --json                print one JSON object (prompt, token ids, text, stop reason)
+  --timeout S           deadline of each collective read (default 600)
+
+exit codes: 0 ok, 2 usage, 8 damaged checkpoint; see docs/tools.md.
+)" + help_text("common");
+  }
+  // --- end checkpoint tools ---
   if (topic == "check") {
     return R"(usage: dstrain check <deck.yaml> [--set key=value ...] [--force] [common options]
 
@@ -236,13 +425,17 @@ commands:
   check <deck.yaml>   validate a deck and print the layout and the plan
   train <deck.yaml>   train the deck's model on its data
   prep --out DIR ...  tokenize a corpus (text, JSON Lines) into HDF5 shards
+  inspect <ckpt.h5>   a checkpoint's metadata, tensors (checksums verified), deck
+  export <ckpt.h5>    parameters as safetensors + Hugging Face config.json (--out DIR)
+  generate <ckpt.h5>  continue a --prompt with the checkpoint's model
   tokenize            text on stdin to token ids on stdout (--byte or --tokenizer
                       tokenizer.json; --decode reverses; see dstrain tokenize --help)
   help <command>      help for a command (also: dstrain <command> --help)
 
   --version           version, git revision, and Kokkos/MPI/HDF5/yaml-cpp versions
 
-Documentation: docs/deck.md (run deck), docs/exit-codes.md, README.md.
+Documentation: docs/deck.md (run deck), docs/tools.md (checkpoint tools),
+docs/exit-codes.md, README.md.
 )" + help_text("common");
 }
 
@@ -263,13 +456,18 @@ Command parse_command_line(int argc, char** argv) {
   if (sub == "help") {
     cmd.help_topic = i < args.size() ? args[i] : "";
     if (!cmd.help_topic.empty() && cmd.help_topic != "check" && cmd.help_topic != "train" &&
-        cmd.help_topic != "prep")
+        cmd.help_topic != "prep" && cmd.help_topic != "inspect" && cmd.help_topic != "export" &&
+        cmd.help_topic != "generate")
       throw UsageError("no help for unknown command '" + cmd.help_topic + "'");
     return cmd;
   }
   if (sub == "prep") {
     cmd.kind = Command::Kind::prep;
     parse_prep(args, i, cmd);
+    return cmd;
+  }
+  if (sub == "inspect" || sub == "export" || sub == "generate") {  // checkpoint tools
+    parse_tool(args, i, sub, cmd);
     return cmd;
   }
   if (sub != "check" && sub != "train")

@@ -44,18 +44,63 @@ struct PrepCommandOptions {
   double timeout_s = 600.0;
 };
 
+// --- checkpoint tools (issue 6): inspect, export, generate ---
+/// `dstrain inspect <ckpt.h5>`.
+struct InspectOptions {
+  std::string checkpoint;
+  bool verify = true;  ///< recompute every tensor's checksum (--no-verify skips it)
+  bool deck = true;    ///< print the stored deck (--no-deck skips it)
+  double timeout_s = 600.0;
+};
+/// `dstrain export <ckpt.h5> --format safetensors --out DIR`.
+struct ExportOptions {
+  std::string checkpoint;
+  std::string format = "safetensors";
+  std::string out_dir;
+  std::string dtype = "f32";  ///< f32 | bf16
+  double timeout_s = 600.0;
+};
+/// `dstrain generate <ckpt.h5> --prompt TEXT ...`.
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string prompt;
+  std::int64_t max_new_tokens = 64;
+  double temperature = 0.0;  ///< 0: greedy
+  std::int64_t top_k = 0;    ///< 0: off
+  double top_p = 1.0;        ///< 1: off
+  std::uint64_t seed = 0;
+  std::string tokenizer;  ///< a tokenizer.json overriding the checkpoint's
+  bool json = false;
+  bool ignore_eos = false;  ///< keep going past the tokenizer's EOS
+  double timeout_s = 600.0;
+};
+// --- end checkpoint tools ---
+
 struct Command {
-  enum class Kind { help, version, check, train, prep } kind = Kind::help;
+  enum class Kind {
+    help,
+    version,
+    check,
+    train,
+    prep,
+    inspect,
+    export_,
+    generate
+  } kind = Kind::help;
   std::string help_topic;  ///< for Kind::help: "" (general) or a subcommand
   CommonOptions common;
   CheckOptions check;  ///< check and train: the deck and its overrides
   PrepCommandOptions prep;
+  InspectOptions inspect;  ///< checkpoint tools (issue 6)
+  ExportOptions export_;
+  GenerateOptions generate;
 };
 
 /// Parses argv; throws dst::UsageError or dst::DeckError (malformed --set).
 Command parse_command_line(int argc, char** argv);
 
-/// The --help text for a topic ("" = general, "check", "train", "prep").
+/// The --help text for a topic ("" = general, "check", "train", "prep", "inspect",
+/// "export", "generate").
 std::string help_text(const std::string& topic);
 
 }  // namespace dst::app

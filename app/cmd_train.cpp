@@ -1,25 +1,35 @@
 #include <cblas.h>
 #include <glob.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <thread>
 
+#include "ckpt/checkpoint.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/log.hpp"
+#include "core/step_context.hpp"
+#include "core/version.hpp"
 #include "data/byte_vocab.hpp"
 #include "data/dataset/token_dataset.hpp"
 #include "model/plan.hpp"
+#include "runtime/hang_watchdog.hpp"
+#include "runtime/signals.hpp"
 #include "session.hpp"
 #include "train/baseline.hpp"
 #include "train/hdf5_store.hpp"
 #include "train/metrics.hpp"
 #include "train/param_dump.hpp"
+#include "train/resume.hpp"
 #include "train/text_store.hpp"
 #include "train/trainer.hpp"
 
@@ -71,6 +81,7 @@ struct RunData {
   train::Hdf5SampleStore* train_h5 = nullptr;        // HDF5: follows the sampler
   train::Hdf5SampleStore* valid_h5 = nullptr;
   std::uint64_t train_docs = 0, train_tokens = 0, valid_tokens = 0;
+  std::string tokenizer_name;  ///< identity of the tokenizer the data was made with
 };
 
 /// Opens data.train / data.valid on every rank (HDF5: collectively, rank 0 reading the
@@ -95,6 +106,7 @@ RunData load_run_data(runtime::Runtime& rt, const config::RunConfig& cfg,
         valid_tokens = data::load_text_stream(expand_paths(cfg.data.valid, "data.valid"),
                                               cfg.data.text_separator);
       d.train_docs = static_cast<std::uint64_t>(docs);
+      d.tokenizer_name = "byte260";
       d.train_tokens = train_tokens.size();
       d.valid_tokens = valid_tokens.size();
       d.train = std::make_unique<train::TextSampleStore>(std::move(train_tokens), cfg.data.seq_len);
@@ -112,6 +124,7 @@ RunData load_run_data(runtime::Runtime& rt, const config::RunConfig& cfg,
                         "is " + std::to_string(cfg.model.vocab_size) + " but the shards of '" +
                             cfg.data.train + "' (tokenizer " + train_ds.tokenizer().name +
                             ") use " + std::to_string(train_ds.vocab_size()) + " ids");
+      d.tokenizer_name = train_ds.tokenizer().name;
       for (const auto& h : train_ds.shards())
         d.train_docs += h.num_documents;
       d.train_tokens = train_ds.num_tokens();
@@ -186,6 +199,8 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   // otherwise; the MFU peak is per core too.
   if (!std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
     openblas_set_num_threads(1);
+  // A stop signal from here on ends the run at the next step boundary with a checkpoint.
+  runtime::install_stop_handlers();
   Session session = start_session(rt, cmd.check.deck, cmd.check.overrides, "train");
   const config::RunConfig& cfg = session.config;
   const config::Layout& layout = session.layout;
@@ -198,15 +213,65 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
 
   train::Trainer trainer(cfg, layout, session.groups, train_store);
   trainer.initialize_parameters();
-  if (run_data.train_h5) run_data.train_h5->follow(trainer.sampler(), cfg.training.max_steps);
 
-  // --- run directory, metrics, the peak MFU is measured against
+  // --- run directory; resume from a checkpoint (checkpoint.resume)
   const std::filesystem::path dir(cfg.run.output_dir);
   const std::string deck_yaml = config::to_yaml(cfg);
   if (root) {
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "deck.yaml") << deck_yaml;
   }
+  ckpt::Directory checkpoints(rt.world(), (dir / "checkpoints").string(), cfg.parallel.timeout_s);
+  checkpoints.clean_leftovers();
+  const train::ResumeOutcome resumed = train::resume_training(
+      trainer, checkpoints, cfg, run_data.tokenizer_name, *session.groups.world);
+  for (const std::string& note : resumed.notes)
+    if (root) log::warn(note);  // the same on every rank
+  const std::int64_t first_step = trainer.steps_done();
+  if (!resumed.file.empty())
+    log::info("resumed from " + resumed.file + " at step " + std::to_string(resumed.step) +
+              " (epoch " + std::to_string(trainer.sampler().position().epoch) + ", sample " +
+              std::to_string(trainer.sampler().position().consumed) + "); next step " +
+              std::to_string(first_step + 1));
+  else if (cfg.checkpoint.resume == "auto")
+    log::info("no checkpoint in " + checkpoints.path() + ": starting at step 1");
+  const std::int64_t max_steps = cfg.training.max_steps;
+  // training.stop_at_step ends this process early; the schedule still runs to max_steps.
+  const std::int64_t last_step =
+      cfg.training.stop_at_step > 0 ? std::min(cfg.training.stop_at_step, max_steps) : max_steps;
+  if (run_data.train_h5)
+    run_data.train_h5->follow(trainer.sampler(), std::max<std::int64_t>(0, last_step - first_step));
+
+  // Saves a checkpoint of the state after `trainer.steps_done()` steps (collective).
+  bool have_checkpoint = !resumed.file.empty();
+  bool saved_this_run = false;
+  std::int64_t last_saved_step = -1;
+  const auto save_checkpoint = [&]() {
+    ckpt::Metadata meta = trainer.checkpoint_metadata();
+    meta.deck_yaml = deck_yaml;
+    meta.software_version = "dstrain " + core::version() + " (git " + core::git_hash() + ")";
+    meta.tokenizer_name = run_data.tokenizer_name;
+    core::FlightScope scope("checkpoint save at step " + std::to_string(trainer.steps_done()));
+    ckpt::SaveFaults faults;
+    // debug.inject_exit_in_checkpoint: the last rank dies half-way through a write once an
+    // earlier checkpoint exists, so the test can check that one still loads.
+    if (cfg.debug.inject_exit_in_checkpoint && have_checkpoint) faults.exit_rank = rt.size() - 1;
+    try {
+      const ckpt::IoStats io =
+          checkpoints.save(meta, trainer.checkpoint_tensors(), cfg.checkpoint.keep_last, faults);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "checkpoint: %s (%.1f MB) written in %.2f s (%.2f GB/s%s), committed in %.2f s",
+                    io.path.c_str(), static_cast<double>(io.bytes) / 1e6, io.seconds, io.gbps(),
+                    io.collective ? ", collective" : "", io.total_seconds);
+      log::info(line);
+    } catch (const ckpt::CheckpointError& e) {
+      throw CollectiveError(std::string("checkpoint failed: ") + e.what(), kExitCheckpoint);
+    }
+    have_checkpoint = true;
+    saved_this_run = true;
+    last_saved_step = trainer.steps_done();
+  };
   double peak = root ? train::measure_cpu_peak_gflops() : 0.0;
   session.groups.world->broadcast(&peak, 1, DType::f64, 0);
   train::MetricsLog metrics((dir / cfg.logging.metrics_file).string(), root);
@@ -242,8 +307,28 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   train::StepStats phase_sum;
   std::int64_t phase_steps = 0, tokens_since = 0;
   double seconds_since = 0.0, last_loss = 0.0;
-  const std::int64_t max_steps = cfg.training.max_steps;
-  for (std::int64_t s = 0; s < max_steps; ++s) {
+  if (first_step >= last_step)
+    log::info("the checkpoint is at step " + std::to_string(first_step) +
+              ", training.max_steps is " + std::to_string(max_steps) + ": no steps to run");
+  // From here on a rank that stops making progress ends the job (parallel.timeout_s).
+  runtime::HangWatchdog watchdog(cfg.parallel.timeout_s);
+  int exit_code = kExitOk;
+  for (std::int64_t s = first_step; s < last_step; ++s) {
+    core::set_current_step(s + 1);
+    // debug.inject_hang_rank / inject_exit_rank: once this run has committed a checkpoint
+    // (so the tests can check it stays intact), that rank hangs (alive, stuck, no
+    // progress) or dies.
+    if (saved_this_run && cfg.debug.inject_exit_rank == rt.rank()) {
+      log::warn("debug.inject_exit_rank: exiting at step " + std::to_string(s + 1));
+      std::fflush(nullptr);
+      std::_Exit(kExitInjected);
+    }
+    if (saved_this_run && cfg.debug.inject_hang_rank == rt.rank()) {
+      log::warn("debug.inject_hang_rank: hanging at step " + std::to_string(s + 1));
+      core::FlightScope hang("debug.inject_hang_rank: a deliberate hang");
+      for (;;)
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const train::StepStats st = trainer.step();
     const std::int64_t done = st.step + 1;
     last_loss = st.loss;
@@ -258,41 +343,65 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     ++phase_steps;
     if (cfg.debug.consistency_every > 0 && done % cfg.debug.consistency_every == 0)
       trainer.check_consistency();
-    if (done % cfg.logging.every_steps == 0 || done == max_steps || st.skipped) {
+    if (done % cfg.logging.every_steps == 0 || done == last_step || st.skipped) {
       const double tps =
           seconds_since > 0 ? static_cast<double>(tokens_since) / seconds_since : 0.0;
       const double mfu = peak > 0 ? flops_per_token * tps / (peak * 1e9 * rt.size()) : 0.0;
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta =
-          elapsed / static_cast<double>(done) * static_cast<double>(max_steps - done);
+          elapsed / static_cast<double>(done - first_step) * static_cast<double>(last_step - done);
       log::info(metrics.step(st, max_steps, tps, mfu, eta, train::peak_resident_bytes(),
                              trainer.skipped_steps()));
       tokens_since = 0;
       seconds_since = 0.0;
-      if (done % (5 * cfg.logging.every_steps) == 0 || done == max_steps) {
+      if (done % (5 * cfg.logging.every_steps) == 0 || done == last_step) {
         log::info(metrics.phases(done, phase_sum, phase_steps));
         phase_sum = {};
         phase_steps = 0;
       }
     }
-    if (cfg.eval.every_steps > 0 && done % cfg.eval.every_steps == 0 && done != max_steps &&
+    if (cfg.eval.every_steps > 0 && done % cfg.eval.every_steps == 0 && done != last_step &&
         valid_store.num_samples() > 0) {
       const auto [loss, tokens] = trainer.evaluate(valid_store, cfg.eval.batches);
       log::info(metrics.eval(done, loss, tokens));
     }
+    if (st.stop_ranks > 0) {
+      // Every rank saw the same count in the step's all-reduce: all stop here together.
+      const int mine = runtime::stop_signal();
+      log::info("stop requested (" +
+                (mine ? runtime::signal_name(mine) + " on this rank, " : std::string()) +
+                std::to_string(st.stop_ranks) + " of " + std::to_string(rt.size()) +
+                " ranks signalled) after step " + std::to_string(done) + ": saving a checkpoint");
+      if (last_saved_step != done) save_checkpoint();
+      log::info("stopped after step " + std::to_string(done) + " of " + std::to_string(max_steps) +
+                " on request; checkpoint committed; exit code " + std::to_string(kExitPreempted) +
+                " (requeue to resume)");
+      exit_code = kExitPreempted;
+      break;
+    }
+    if (cfg.checkpoint.every_steps > 0 && done % cfg.checkpoint.every_steps == 0 &&
+        done != last_step)
+      save_checkpoint();
   }
+  if (exit_code == kExitPreempted) return exit_code;
+  if (last_saved_step != trainer.steps_done() && trainer.steps_done() > first_step)
+    save_checkpoint();
 
   // --- the end: validation, the bigram baseline, where things are
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::string summary = "done: " + std::to_string(max_steps) + " steps in " + duration(total);
+  const std::int64_t ran = std::max<std::int64_t>(0, last_step - first_step);
+  std::string summary = "done: " + std::to_string(ran) + " steps in " + duration(total);
+  if (last_step < max_steps)
+    summary += " | stopped after step " + std::to_string(last_step) + " of " +
+               std::to_string(max_steps) + " (training.stop_at_step; resume to continue)";
   char buf[160];
   std::snprintf(buf, sizeof buf, " | final train loss %.4f", last_loss);
   summary += buf;
   if (valid_store.num_samples() > 0) {
     const auto [loss, tokens] = trainer.evaluate(valid_store, cfg.eval.batches);
-    log::info(metrics.eval(max_steps, loss, tokens));
+    log::info(metrics.eval(trainer.steps_done(), loss, tokens));
     std::string note;
     const std::optional<double> bigram = bigram_baseline(run_data, cfg, root, note);
     std::snprintf(buf, sizeof buf, " | val loss %.4f", loss);
@@ -311,7 +420,7 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";
   log::info(summary);
   log::info("run directory: " + dir.string() + " (deck.yaml, " + cfg.logging.metrics_file +
-            ", final-params.h5)");
+            ", final-params.h5, checkpoints/)");
   return kExitOk;
 }
 

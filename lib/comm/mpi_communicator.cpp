@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/log.hpp"
 #include "runtime/mpi_check.hpp"
 #include "runtime/mpi_wait.hpp"
@@ -104,14 +105,23 @@ std::string describe_op(const OpInfo& info, const std::string& group, int group_
 class MpiRequest final : public Request::Impl {
  public:
   MpiRequest(const OpInfo& info, const std::string& group, int group_size, double timeout_s)
-      : info_(info), group_(group), group_size_(group_size), timeout_s_(timeout_s) {}
+      : info_(info),
+        group_(group),
+        group_size_(group_size),
+        timeout_s_(timeout_s),
+        seq_(core::FlightRecorder::instance().begin(describe())) {}
 
   MPI_Request* handle() { return &request_; }
 
-  bool test() override { return runtime::test_request(request_); }
+  bool test() override {
+    const bool done = runtime::test_request(request_);
+    if (done) finished();
+    return done;
+  }
   void wait() override { wait_for(timeout_s_); }
   void wait_for(double timeout_s) override {
     runtime::wait_with_deadline(request_, timeout_s, [this] { return describe(); });
+    finished();
   }
   std::string describe() const override { return describe_op(info_, group_, group_size_); }
 
@@ -121,6 +131,13 @@ class MpiRequest final : public Request::Impl {
   std::string group_;
   int group_size_;
   double timeout_s_;
+  std::uint64_t seq_;  ///< in the flight recorder
+  bool recorded_done_ = false;
+
+  void finished() {
+    if (!recorded_done_) core::FlightRecorder::instance().end(seq_);
+    recorded_done_ = true;
+  }
 };
 
 int mpi_count(std::size_t count, const MpiRequest& request) {

@@ -803,6 +803,24 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   return layout;
 }
 
+namespace detail {
+// Collects the keys whose values differ between two configs, as YAML text.
+struct DiffVisitor {
+  std::vector<KeyChange> changes;
+  void section(const char*, const char*) {}
+  template <class T>
+  void field(const char* path, const Spec& spec, const T& a, const T& b) {
+    if (!(a == b)) changes.push_back({path, yaml_text(spec, a), yaml_text(spec, b)});
+  }
+};
+}  // namespace detail
+
+std::vector<KeyChange> differences(const RunConfig& from, const RunConfig& to) {
+  detail::DiffVisitor v;
+  detail::visit_schema(v, from, to);
+  return std::move(v.changes);
+}
+
 std::string to_yaml(const RunConfig& config) {
   detail::YamlWriter writer;
   detail::visit_schema(writer, config);

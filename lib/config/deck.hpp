@@ -63,6 +63,16 @@ std::vector<std::string> advisories(const RunConfig& config);
 /// The resolved deck as YAML; load_deck_text(to_yaml(c)) == c.
 std::string to_yaml(const RunConfig& config);
 
+/// One key whose value differs between two configs (values as YAML text).
+struct KeyChange {
+  std::string path;  ///< "model.d_model"
+  std::string from;  ///< "256"
+  std::string to;    ///< "128"
+};
+
+/// The keys whose values differ between `from` and `to`, in document order.
+std::vector<KeyChange> differences(const RunConfig& from, const RunConfig& to);
+
 /// Names of the model presets.
 std::vector<std::string> preset_names();
 

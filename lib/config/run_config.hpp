@@ -61,6 +61,7 @@ struct ScheduleSection {
 
 struct TrainingSection {
   std::int64_t max_steps = 200;
+  std::int64_t stop_at_step = 0;        ///< stop (with a checkpoint) after this step; 0 = never
   std::int64_t global_batch_size = 16;  ///< 0 = derive from grad_accum_steps
   std::int64_t micro_batch_size = 8;
   std::int64_t grad_accum_steps = 0;  ///< only when global_batch_size is 0; 0 = derived

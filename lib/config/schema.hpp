@@ -217,6 +217,11 @@ template <class V, class... S>
 void visit_training(V& v, S&... s) {
   v.section("training", "Steps, batch sizes, precision, optimizer and schedule.");
   v.field("training.max_steps", Spec("Optimizer steps to train for.").at_least(1), s.max_steps...);
+  v.field("training.stop_at_step",
+          Spec("Stop after this global step with a checkpoint, as if pre-empted, leaving the "
+               "schedule (which runs to max_steps) unchanged; 0 = run to max_steps.")
+              .at_least(0),
+          s.stop_at_step...);
   v.field("training.global_batch_size",
           Spec("Sequences per optimizer step; 0 = micro_batch_size x data ranks x "
                "grad_accum_steps.")

@@ -7,13 +7,13 @@ namespace dst {
 
 enum ExitCode : int {
   kExitOk = 0,
-  kExitError = 1,     ///< any runtime failure not listed below
-  kExitUsage = 2,     ///< bad command line
-  kExitDeck = 3,      ///< invalid run deck or override
-  kExitTimeout = 4,   ///< a collective or start-up step missed its deadline
-  kExitPlan = 5,      ///< `check`: the plan needs more memory than a rank has
-  kExitDiverged = 6,  ///< training: non-finite gradients (nan_policy abort) or ranks whose
-                      ///< parameters differ
+  kExitError = 1,       ///< any runtime failure not listed below
+  kExitUsage = 2,       ///< bad command line
+  kExitDeck = 3,        ///< invalid run deck or override
+  kExitTimeout = 4,     ///< a collective or start-up step missed its deadline
+  kExitPlan = 5,        ///< `check`: the plan needs more memory than a rank has
+  kExitDiverged = 6,    ///< training: non-finite gradients (nan_policy abort) or ranks whose
+                        ///< parameters differ
   kExitPreempted = 7,   ///< stopped on request (SIGUSR1, SIGTERM, SIGINT) after saving a
                         ///< checkpoint: requeue the job and it resumes
   kExitCheckpoint = 8,  ///< a checkpoint could not be written, or none could be loaded

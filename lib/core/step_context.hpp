@@ -11,7 +11,8 @@ namespace dst::core {
 /// Step value meaning "not in the training loop yet".
 inline constexpr std::int64_t kStartupStep = -1;
 
-/// Sets the step the process is working on (thread-safe).
+/// Sets the optimizer step the process is working on, counted from 1 as the log prints
+/// it (thread-safe).
 void set_current_step(std::int64_t step);
 /// The step set last; kStartupStep before training starts.
 std::int64_t current_step();

@@ -7,6 +7,7 @@
 
 #include "core/deadline.hpp"
 #include "core/error.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/step_context.hpp"
 #include "runtime/mpi_check.hpp"
 
@@ -38,7 +39,9 @@ void wait_with_deadline(MPI_Request& request, double timeout_s,
       std::ostringstream os;
       os << describe() << " did not complete within " << deadline.limit_s() << " s at "
          << core::describe_current_step() << " (rank " << rank
-         << " waited; a peer is missing, hung or slower than the deadline)";
+         << " waited; a peer is missing, hung or slower than the deadline)\n"
+         << "recent operations on rank " << rank << " (flight recorder, oldest first):\n"
+         << core::FlightRecorder::instance().report();
       throw TimeoutError(os.str());
     }
     if (deadline.elapsed_s() < kBusyPollSeconds) {

@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "core/exit_codes.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/step_context.hpp"
+#include "runtime/signals.hpp"
 #include "train/schedule.hpp"
 
 namespace dst::train {
@@ -76,7 +78,7 @@ void Trainer::initialize_parameters() {
 }
 
 StepStats Trainer::step() {
-  core::set_current_step(step_);
+  core::set_current_step(step_ + 1);  // as the log counts: from 1
   StepStats st;
   st.step = step_;
   const auto t_step = Clock::now();
@@ -88,9 +90,13 @@ StepStats Trainer::step() {
   // --- data: this rank's micro-batches of the step's global batch
   auto t0 = Clock::now();
   const auto ids = sampler_->next_step();  // (accum, micro)
-  for (std::size_t m = 0; m < ids.size(); ++m)
-    train_.read(ids[m], batch_.data() + m * static_cast<std::size_t>(micro) * sample_len);
+  {
+    core::FlightScope scope("read the step's samples");
+    for (std::size_t m = 0; m < ids.size(); ++m)
+      train_.read(ids[m], batch_.data() + m * static_cast<std::size_t>(micro) * sample_len);
+  }
   st.t_data = since(t0);
+  samples_seen_ += static_cast<std::uint64_t>(layout_.global_batch_size);
 
   // --- forward + backward, gradients summed locally; buckets start on the last one
   ps.zero_grads();
@@ -119,6 +125,8 @@ StepStats Trainer::step() {
     }
     std::int64_t v = 0;
     const bool last = m + 1 == ids.size();
+    core::FlightScope scope("forward+backward of micro-batch " + std::to_string(m + 1) + "/" +
+                            std::to_string(ids.size()));
     loss_sum += model_->forward_backward(
         tokens_.data(), targets_.data(), 1.0f, &v,
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
@@ -129,9 +137,12 @@ StepStats Trainer::step() {
   st.t_comm = buckets.wait_all();
 
   // --- the global loss: mean over every target token of every rank (one all-reduce)
-  double sums[3] = {loss_sum, static_cast<double>(valid),
-                    buckets.first_nonfinite_offset() >= 0 ? 1.0 : 0.0};
-  groups_.data->allreduce(sums, 3, DType::f64, comm::ReduceOp::sum);
+  // ... and, in the same all-reduce, whether any rank was asked to stop (a signal).
+  double sums[4] = {loss_sum, static_cast<double>(valid),
+                    buckets.first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
+                    runtime::stop_signal() != 0 ? 1.0 : 0.0};
+  groups_.data->allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+  st.stop_ranks = static_cast<int>(sums[3]);
   st.tokens = static_cast<std::int64_t>(sums[1]);
   st.loss = st.tokens > 0 ? sums[0] / sums[1] : 0.0;
   const double scale = st.tokens > 0 ? 1.0 / sums[1] : 0.0;  // gradients of the mean
@@ -201,6 +212,88 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
   }
   groups_.data->allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
   return {sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<std::int64_t>(sums[1])};
+}
+
+std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
+  const auto& ps = model_->params();
+  std::vector<ckpt::TensorRef> out;
+  out.reserve(3 * ps.size());
+  const auto add = [&](const std::string& prefix, const tensor::Tensor& t, std::size_t i) {
+    const tensor::Shape& sh = ps.spec(i).shape;
+    std::vector<std::int64_t> shape(sh.dims.begin(), sh.dims.begin() + sh.rank);
+    out.push_back({prefix + ps.spec(i).name, std::move(shape), t.ptr<float>()});
+  };
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    add("params/", ps.param(i), i);
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    add("optimizer/exp_avg/", optimizer_->m(i), i);
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    add("optimizer/exp_avg_sq/", optimizer_->v(i), i);
+  return out;
+}
+
+ckpt::Metadata Trainer::checkpoint_metadata() const {
+  ckpt::Metadata m;
+  m.step = step_;
+  m.epoch = sampler_->position().epoch;
+  m.consumed = sampler_->position().consumed;
+  m.samples_seen = samples_seen_;
+  m.optimizer_steps = optimizer_->step_count();
+  m.skipped_steps = skipped_;
+  m.seed = cfg_.run.seed;
+  m.rng =
+      "philox4x32-10, counter-based: every random number is a pure function of (run.seed, "
+      "stream, counter); no generator state beyond the seed";
+  m.world_size = layout_.world_size;
+  m.data_parallel = layout_.data;
+  m.tensor_parallel = layout_.tensor;
+  m.pipeline_parallel = layout_.pipeline;
+  m.global_batch_size = layout_.global_batch_size;
+  m.micro_batch_size = cfg_.training.micro_batch_size;
+  m.grad_accum_steps = layout_.grad_accum_steps;
+  return m;
+}
+
+void Trainer::restore(ckpt::Reader& reader) {
+  const auto wanted = checkpoint_tensors();
+  // Every difference at once, so a wrong deck is diagnosed in one attempt.
+  std::vector<std::string> problems;
+  const auto shape_text = [](const std::vector<std::int64_t>& s) {
+    std::string t = "(";
+    for (std::size_t i = 0; i < s.size(); ++i)
+      t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + ")";
+  };
+  for (const auto& w : wanted) {
+    const ckpt::TensorInfo* have = reader.find(w.name);
+    if (!have)
+      problems.push_back(w.name + ": missing from the checkpoint (model wants " +
+                         shape_text(w.shape) + ")");
+    else if (have->shape != w.shape)
+      problems.push_back(w.name + ": checkpoint " + shape_text(have->shape) + ", model " +
+                         shape_text(w.shape));
+  }
+  for (const auto& have : reader.tensors()) {
+    bool known = false;
+    for (const auto& w : wanted)
+      known = known || w.name == have.name;
+    if (!known) problems.push_back(have.name + ": in the checkpoint but not in this model");
+  }
+  if (!problems.empty()) {
+    std::string msg = "checkpoint '" + reader.path() + "' does not match this model (" +
+                      std::to_string(problems.size()) + " tensors):";
+    for (const auto& p : problems)
+      msg += "\n  " + p;
+    throw ckpt::CheckpointError(ckpt::CheckpointError::Kind::mismatch, msg);
+  }
+  for (const auto& w : wanted)
+    reader.read(w.name, w.shape, const_cast<float*>(w.data));
+  const ckpt::Metadata& m = reader.metadata();
+  step_ = m.step;
+  skipped_ = m.skipped_steps;
+  samples_seen_ = m.samples_seen;
+  optimizer_->set_step_count(m.optimizer_steps);
+  sampler_->seek({m.epoch, m.consumed});
 }
 
 void Trainer::check_consistency() {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
 #include "data/dataset/sampler.hpp"
@@ -40,6 +41,7 @@ struct StepStats {
   double grad_norm = 0.0;   ///< of the mean-loss gradient, before clipping
   double lr = 0.0;
   bool skipped = false;  ///< non-finite gradients and debug.nan_policy = skip
+  int stop_ranks = 0;    ///< ranks that had received a stop signal (runtime/signals.hpp)
   double seconds = 0.0;  ///< wall time of the step
   // phase timers (this rank, seconds)
   double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
@@ -69,6 +71,20 @@ class Trainer {
   /// tensor that differs and the ranks, if any does.
   void check_consistency();
 
+  /// The training state a checkpoint holds: every parameter and both AdamW moments as
+  /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",
+  /// "optimizer/exp_avg_sq/<name>"), viewing the flat buffers (valid until the next step).
+  std::vector<ckpt::TensorRef> checkpoint_tensors() const;
+  /// The scalars of the state (step, sampler position, samples seen, optimizer and
+  /// skipped steps, seed, layout); the caller adds the deck and version texts.
+  ckpt::Metadata checkpoint_metadata() const;
+  /// Continues from an open checkpoint (collective): checks that its tensors are this
+  /// model's (one CheckpointError(mismatch) listing every missing, extra or reshaped
+  /// tensor), reads parameters and moments (checksums verified), and sets the step, the
+  /// optimizer's step count, the skipped-step count and the sampler position. The global
+  /// batch may differ from the saved one (the sampler continues at the saved sample).
+  void restore(ckpt::Reader& reader);
+
   std::int64_t steps_done() const { return step_; }
   std::int64_t skipped_steps() const { return skipped_; }
   model::DenseModel& model() { return *model_; }
@@ -89,6 +105,7 @@ class Trainer {
   std::vector<std::int32_t> tokens_, targets_;  ///< (micro_batch_size, T)
   std::int64_t step_ = 0;
   std::int64_t skipped_ = 0;
+  std::uint64_t samples_seen_ = 0;        ///< samples consumed since the start of training
   std::unique_ptr<GradBuckets> buckets_;  ///< ranges of the flat gradient buffer, made once
   std::size_t inject_nan_offset_ = 0;     ///< where debug.inject_nan_step puts its NaN
 };

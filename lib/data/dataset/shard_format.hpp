@@ -63,7 +63,9 @@ enum class ShardCheck {
 /// returns its header. Throws DatasetError "shard '<path>': <problem>" on the first
 /// problem: missing file, a `.tmp` name, not HDF5, missing or mistyped attribute, missing
 /// dataset, wrong dtype or rank, sizes that disagree with the attributes, and with
-/// ShardCheck::full bad offsets or token ids. Never crashes on a hostile file.
+/// ShardCheck::full bad offsets or token ids. Never crashes on a well-formed HDF5 file with
+/// hostile content (fuzz_shard); libhdf5's own parsing of a crafted file is not guarded
+/// (known libhdf5 CVEs): only read shards you produced or trust (docs/fuzzing.md).
 ShardHeader validate_shard(const std::string& path, ShardCheck level = ShardCheck::full);
 
 /// Throws DatasetError naming the first shard that disagrees with shards[0] on format

@@ -613,6 +613,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "debug.inject_divergence_rank=1",
     "data.text_separator='%%'",
     "training.max_steps=300",
+    "training.stop_at_step=150",
     "training.global_batch_size=0",
     "training.micro_batch_size=4",
     "training.grad_accum_steps=3",

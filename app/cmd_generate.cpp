@@ -1,0 +1,137 @@
+// dstrain generate: continue a prompt with a checkpoint's model through the KV-cache
+// decoder (model/decoder.hpp), greedy or sampled with the counter-based generator.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "core/exit_codes.hpp"
+#include "data/byte_vocab.hpp"
+#include "data/tokenizer/bpe_tokenizer.hpp"
+#include "data/tokenizer/byte_tokenizer.hpp"
+#include "model/decoder.hpp"
+
+namespace dst::app {
+
+namespace {
+
+/// The run's tokenizer: --tokenizer if given, else byte260 or the stored tokenizer.json.
+std::unique_ptr<data::Tokenizer> tokenizer_for(const ckpt::Reader& reader, std::int64_t vocab,
+                                               const GenerateOptions& o) {
+  const ckpt::Metadata& m = reader.metadata();
+  if (!o.tokenizer.empty()) return data::load_tokenizer(o.tokenizer);
+  if (!m.tokenizer_json.empty())
+    return data::BpeTokenizer::from_json(m.tokenizer_json,
+                                         reader.path() + " (stored tokenizer.json)");
+  if (m.tokenizer_name == "byte260") return data::make_byte_tokenizer();
+  if (m.tokenizer_name.empty() && vocab == data::kByteVocabSize) {
+    // A checkpoint that records no tokenizer: a 260-id model is the byte vocabulary.
+    std::fprintf(stderr,
+                 "generate: warning: %s records no tokenizer; using byte260 (its model has the "
+                 "byte vocabulary, 260 ids)\n",
+                 reader.path().c_str());
+    return data::make_byte_tokenizer();
+  }
+  throw UsageError("generate: checkpoint " + reader.path() + " records tokenizer '" +
+                   m.tokenizer_name + "' without its tokenizer.json: give --tokenizer FILE");
+}
+
+}  // namespace
+
+int run_generate(runtime::Runtime& rt, const Command& cmd) {
+  const GenerateOptions& o = cmd.generate;
+  model::SamplingOptions so;
+  so.temperature = o.temperature;
+  so.top_k = o.top_k;
+  so.top_p = o.top_p;
+  so.seed = o.seed;
+  model::validate(so);
+  return with_checkpoint_errors([&] {
+    ckpt::Reader reader(rt.world(), o.checkpoint, o.timeout_s);
+    const CheckpointModel cm = load_checkpoint_model(reader);
+    const config::ModelSection& m = cm.config.model;
+    const auto tok = tokenizer_for(reader, m.vocab_size, o);
+    if (tok->vocab_size() > m.vocab_size)
+      throw Error("generate: the tokenizer has " + std::to_string(tok->vocab_size()) +
+                  " ids but the model only " + std::to_string(m.vocab_size));
+    const auto t0 = std::chrono::steady_clock::now();
+
+    std::vector<data::TokenId> prompt = tok->encode(o.prompt, false);
+    if (prompt.empty()) {
+      // Documents in the training data follow an end-of-document token (docs/dataset.md):
+      // an empty prompt starts a new document the same way.
+      const auto start = tok->eos_id() ? tok->eos_id() : tok->bos_id();
+      if (!start) throw UsageError("generate: an empty --prompt needs a tokenizer with EOS or BOS");
+      prompt.push_back(*start);
+    }
+    const std::int64_t max_len = m.max_seq_len;
+    if (static_cast<std::int64_t>(prompt.size()) >= max_len)
+      throw UsageError("generate: the prompt is " + std::to_string(prompt.size()) +
+                       " tokens; the model's max_seq_len " + std::to_string(max_len) +
+                       " leaves no room to generate");
+
+    model::Decoder dec(m, *cm.params, max_len);
+    const auto eos = tok->eos_id();
+    std::vector<data::TokenId> out;
+    std::string stop = "max-new-tokens";
+    tensor::Tensor logits =
+        dec.append(prompt.data(), static_cast<std::int64_t>(prompt.size()));  // prefill
+    const auto t1 = std::chrono::steady_clock::now();
+    const auto room = [&] {  // prompt + continuation stay within max_seq_len
+      return static_cast<std::int64_t>(prompt.size() + out.size()) < max_len;
+    };
+    for (std::int64_t i = 0; i < o.max_new_tokens; ++i) {
+      if (!room()) {
+        stop = "max_seq_len";
+        break;
+      }
+      const data::TokenId next = model::sample_token(logits.ptr<float>(), dec.vocab_size(), so,
+                                                     static_cast<std::uint64_t>(i));
+      if (eos && next == *eos && !o.ignore_eos) {
+        stop = "eos";
+        break;
+      }
+      out.push_back(next);
+      if (i + 1 < o.max_new_tokens && room()) logits = dec.append(&next, 1);
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (rt.rank() != 0) return kExitOk;
+
+    const std::string text = tok->decode(out);
+    if (o.json) {
+      nlohmann::json j;
+      j["checkpoint"] = reader.path();
+      j["step"] = reader.metadata().step;
+      j["prompt"] = o.prompt;
+      j["prompt_tokens"] = prompt;
+      j["tokens"] = out;
+      j["text"] = text;
+      j["new_tokens"] = out.size();
+      j["stop"] = stop;
+      j["temperature"] = o.temperature;
+      j["top_k"] = o.top_k;
+      j["top_p"] = o.top_p;
+      j["seed"] = o.seed;
+      // Generated bytes need not be valid UTF-8 (a byte model can cut a character):
+      // replace what is not, rather than fail.
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      std::printf("%s%s\n", o.prompt.c_str(), text.c_str());
+    }
+    std::fflush(stdout);
+    const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+    std::fprintf(stderr,
+                 "generate: %zu prompt tokens, %zu new tokens (stop: %s); prefill %.1f ms, "
+                 "%.1f tokens/s\n",
+                 prompt.size(), out.size(), stop.c_str(), prefill_s * 1e3,
+                 decode_s > 0 ? static_cast<double>(out.size()) / decode_s : 0.0);
+    return kExitOk;
+  });
+}
+
+}  // namespace dst::app

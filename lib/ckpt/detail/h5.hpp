@@ -1,0 +1,74 @@
+#pragma once
+/// \file h5.hpp
+/// HDF5 helpers of the checkpoint layer: a checking macro that turns a failed call into
+/// CheckpointError(io) naming the file, an owning handle, typed attributes and the file
+/// access list (MPI-IO driver, alignment, hints). The caller holds data::Hdf5Lock.
+
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ckpt/checkpoint.hpp"
+
+namespace dst::ckpt::detail {
+
+/// Throws CheckpointError(io) "<where>: HDF5 call failed: <call>: <HDF5's innermost
+/// error> [file:line]" and clears HDF5's error stack.
+[[noreturn]] void throw_h5_error(const char* call, const std::string& where, const char* file,
+                                 int line);
+
+template <class T>
+T h5_check(T rc, const char* call, const std::string& where, const char* file, int line) {
+  if (rc < 0) throw_h5_error(call, where, file, line);
+  return rc;
+}
+
+/// An owning HDF5 identifier, closed with the matching H5?close. Move-only.
+class H5Id {
+ public:
+  H5Id() = default;
+  explicit H5Id(hid_t id) : id_(id) {}
+  H5Id(H5Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  H5Id& operator=(H5Id&& o) noexcept;
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  ~H5Id() { reset(); }
+
+  hid_t get() const { return id_; }
+  /// Gives up ownership.
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
+  /// Closes, ignoring errors (destructors and error paths).
+  void reset() noexcept;
+  /// Closes and throws if closing fails (closing a file flushes it).
+  void close_checked(const std::string& where);
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+/// A file access list for the MPI-IO driver on `comm` with `io`'s alignment and hints,
+/// and collective metadata reads and writes (one rank touches the metadata and shares
+/// it, instead of every rank reading the same bytes: what a parallel file system wants).
+H5Id make_mpio_fapl(MPI_Comm comm, const IoOptions& io, const std::string& where);
+
+/// Scalar attributes on `obj`. Readers throw CheckpointError(format) when absent.
+void write_attr_i64(hid_t obj, const char* name, std::int64_t v, const std::string& where);
+void write_attr_u64(hid_t obj, const char* name, std::uint64_t v, const std::string& where);
+void write_attr_f64(hid_t obj, const char* name, double v, const std::string& where);
+/// A fixed-length, NUL-padded ASCII string attribute (h5py reads it as bytes/str).
+void write_attr_str(hid_t obj, const char* name, const std::string& v, const std::string& where);
+std::int64_t read_attr_i64(hid_t obj, const char* name, const std::string& where);
+std::uint64_t read_attr_u64(hid_t obj, const char* name, const std::string& where);
+double read_attr_f64(hid_t obj, const char* name, const std::string& where);
+std::string read_attr_str(hid_t obj, const char* name, const std::string& where);
+
+}  // namespace dst::ckpt::detail
+
+#define DST_CKPT_H5(call, where) \
+  ::dst::ckpt::detail::h5_check((call), #call, (where), __FILE__, __LINE__)
