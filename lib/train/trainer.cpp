@@ -32,6 +32,21 @@ std::uint64_t fingerprint(const float* p, std::size_t n) {
   return h;
 }
 
+/// (rows, T + 1) samples -> inputs (rows, T) and targets shifted by one (rows, T). Padding
+/// (model::kIgnoreIndex) stays in the targets, where the loss skips it, and becomes token 0
+/// in the inputs (SampleStore).
+void split_rows(const std::int32_t* rows, std::int64_t n, std::int64_t T, std::int32_t* tokens,
+                std::int32_t* targets) {
+  for (std::int64_t b = 0; b < n; ++b) {
+    const std::int32_t* row = rows + b * (T + 1);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int32_t in = row[t];
+      tokens[b * T + t] = in == model::kIgnoreIndex ? 0 : in;
+      targets[b * T + t] = row[t + 1];
+    }
+  }
+}
+
 /// The parameter tensor holding flat-buffer offset `offset`.
 std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
   std::size_t found = 0;
@@ -117,12 +132,7 @@ StepStats Trainer::step() {
   std::int64_t valid = 0;
   for (std::size_t m = 0; m < ids.size(); ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
-    for (std::int64_t b = 0; b < micro; ++b) {  // (micro, T + 1) -> inputs and shifted targets
-      const std::int32_t* row = mb + static_cast<std::size_t>(b) * sample_len;
-      std::memcpy(tokens_.data() + b * T, row, static_cast<std::size_t>(T) * sizeof(std::int32_t));
-      std::memcpy(targets_.data() + b * T, row + 1,
-                  static_cast<std::size_t>(T) * sizeof(std::int32_t));
-    }
+    split_rows(mb, micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
     const bool last = m + 1 == ids.size();
     core::FlightScope scope("forward+backward of micro-batch " + std::to_string(m + 1) + "/" +
@@ -200,12 +210,7 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
       ids.push_back(static_cast<std::uint64_t>((b * layout_.data + groups_.data_rank) * micro + i) %
                     n);
     store.read(ids, buf.data());
-    for (std::int64_t r = 0; r < micro; ++r) {
-      const std::int32_t* row = buf.data() + r * (T + 1);
-      std::memcpy(tokens_.data() + r * T, row, static_cast<std::size_t>(T) * sizeof(std::int32_t));
-      std::memcpy(targets_.data() + r * T, row + 1,
-                  static_cast<std::size_t>(T) * sizeof(std::int32_t));
-    }
+    split_rows(buf.data(), micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
     sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);
     sums[1] += static_cast<double>(v);

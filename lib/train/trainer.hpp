@@ -25,6 +25,10 @@
 namespace dst::train {
 
 /// Where samples' tokens come from: fills `out` with seq_len + 1 tokens per sample id.
+/// A sample may end in padding: model::kIgnoreIndex from some position to its end. Those
+/// targets are not scored (the loss is the mean over the real targets of the whole
+/// global batch), and the padded inputs are fed as token 0, whose outputs only ever
+/// predict padding.
 class SampleStore {
  public:
   virtual ~SampleStore() = default;
