@@ -128,13 +128,57 @@ class Ctx:
     def checkpoint(self, step):
         return os.path.join(self.out_dir, "checkpoints", f"step-{step}.h5")
 
-    def resume_check(self, ranks, step):
-        """A short run that must resume from step-<step>.h5."""
-        p = subprocess.run(self.command(ranks, [f"training.max_steps={step + 1}"]),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    def resume_check(self, ranks, step, launcher=True):
+        """Resumes from step-<step>.h5 for 3 more steps (training.stop_at_step: the
+        schedule still runs to max_steps), and checks that the resumed process starts at
+        step + 1 and ends bit-identical to a run of the same deck that never stopped:
+        the same loss text in metrics.jsonl for those steps, and the same checksum for
+        every tensor of the final checkpoint (`dstrain inspect`)."""
+        stop = step + 3
+        extra = [f"training.stop_at_step={stop}"]
+        p = subprocess.run(self.command(ranks, extra, launcher), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=180)
         want = f"resumed from {self.checkpoint(step)} at step {step}"
         if p.returncode != 0 or want not in p.stdout:
             fail(f"the restart did not resume from step {step} (exit {p.returncode})", p.stdout)
+        steps = [int(m) for m in re.findall(r"step +(\d+)/\d+ \|", p.stdout)]
+        if steps != list(range(step + 1, stop + 1)):
+            fail(f"the resumed process ran steps {steps}, expected {step + 1}..{stop}", p.stdout)
+        resumed_dir = self.out_dir
+        self.out_dir = os.path.join(self.work, "straight")
+        try:
+            q = subprocess.run(self.command(ranks, extra, launcher), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=300)
+            if q.returncode != 0:
+                fail(f"the uninterrupted run failed (exit {q.returncode})", q.stdout)
+            straight_dir = self.out_dir
+        finally:
+            self.out_dir = resumed_dir
+        a, b = losses(resumed_dir), losses(straight_dir)
+        for s in range(step + 1, stop + 1):
+            if a.get(s) is None or a.get(s) != b.get(s):
+                fail(f"loss at step {s}: {a.get(s)} after the resume, {b.get(s)} uninterrupted")
+        ta, tb = (self.tensor_table(os.path.join(d, "checkpoints", f"step-{stop}.h5"))
+                  for d in (resumed_dir, straight_dir))
+        if not ta or ta != tb:
+            fail("the final checkpoints' tensor checksums differ from the uninterrupted run's")
+
+    def tensor_table(self, path):
+        out = subprocess.run([self.dstrain, "inspect", path, "--no-verify"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=120).stdout
+        return re.findall(r"^ +((?:params|optimizer)/\S+) .* ([0-9a-f]{16}) ", out, re.M)
+
+
+def losses(run_dir):
+    """{step: the loss as printed in metrics.jsonl} (the text: bit equality)."""
+    out = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            if '"type":"step"' in line:
+                step = int(re.search(r'"step":(\d+)', line).group(1))
+                out[step] = re.search(r'"loss":([^,}]*)', line).group(1)
+    return out
 
 
 def stopped_step(out):
@@ -160,7 +204,7 @@ def mode_sigusr1(c):
         fail("the stop line should say SIGUSR1 reached both ranks", out)
     c.resume_check(2, step)
     print(f"SIGUSR1 through mpirun: stopped after step {step} with exit 7, the second signal "
-          "during the save did no harm, the restart resumed from it")
+          "during the save did no harm, the restart resumed from it bit-identically")
 
 
 def mode_sigterm_rank(c):
@@ -191,8 +235,9 @@ def mode_sigint(c):
     if rc != 7:
         fail(f"exit code {rc}, expected 7", out)
     step = stopped_step(out)
-    c.resume_check(1, step)
-    print(f"SIGINT to a single-process run: stopped after step {step} with exit 7")
+    c.resume_check(1, step, launcher=False)
+    print(f"SIGINT to a single-process run: stopped after step {step} with exit 7, resumed "
+          "bit-identically")
 
 
 def ends_within_bound(c, extra, what):
