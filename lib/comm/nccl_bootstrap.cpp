@@ -1,0 +1,124 @@
+#include "comm/nccl_bootstrap.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <sstream>
+#include <thread>
+
+#include "core/deadline.hpp"
+#include "core/error.hpp"
+#include "core/flight_recorder.hpp"
+#include "core/step_context.hpp"
+
+namespace dst::comm {
+
+namespace {
+
+std::string group_text(const std::string& name, int size) {
+  return "group '" + name + "' (" + std::to_string(size) + (size == 1 ? " rank)" : " ranks)");
+}
+
+/// World rank for messages; -1 when MPI is not running (the probes need no MPI).
+int world_rank() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = -1;
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+/// Calls `abort` and returns "" or, if it failed, a sentence to append to the error.
+std::string run_abort(const AbortCallback& abort) {
+  if (!abort) return "";
+  try {
+    abort();
+    return "";
+  } catch (const std::exception& e) {
+    return " (aborting it failed too: " + std::string(e.what()) + ")";
+  } catch (...) {
+    return " (aborting it failed too: unknown exception)";
+  }
+}
+
+struct PollPolicy {
+  double busy_s;                        ///< yield (no sleep) while the wait is this young
+  std::chrono::microseconds first_nap;  ///< then sleep this long, doubling ...
+  std::chrono::microseconds max_nap;    ///< ... up to this
+};
+
+void poll_until(const Probe& probe, double timeout_s, const std::function<std::string()>& describe,
+                const AbortCallback& abort, const PollPolicy& policy) {
+  DST_REQUIRE(probe, "comm: waiting for an NCCL operation without a probe");
+  const core::Deadline deadline(timeout_s);
+  auto nap = policy.first_nap;
+  for (;;) {
+    ProbeResult r = probe();
+    if (r.state == ProbeResult::State::ready) return;
+    if (r.state == ProbeResult::State::error) {
+      // Abort first: the communicator is unusable, and NCCL's own threads may be stuck
+      // waiting for peers that ncclCommAbort releases.
+      const std::string abort_note = run_abort(abort);
+      throw Error(describe() + " failed: " + r.error + "; the communicator was aborted" +
+                  abort_note);
+    }
+    if (deadline.expired()) {
+      const std::string abort_note = run_abort(abort);
+      const int rank = world_rank();
+      std::ostringstream os;
+      os << describe() << " did not complete within " << deadline.limit_s() << " s at "
+         << core::describe_current_step() << " (rank " << rank
+         << " waited; a peer is missing, hung or slower than the deadline); the communicator "
+            "was aborted"
+         << abort_note << "\nrecent operations on rank " << rank
+         << " (flight recorder, oldest first):\n"
+         << core::FlightRecorder::instance().report();
+      throw TimeoutError(os.str());
+    }
+    if (deadline.elapsed_s() < policy.busy_s) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, policy.max_nap);
+    }
+  }
+}
+
+}  // namespace
+
+void exchange_unique_id(Communicator& group, NcclUniqueIdBytes& id, double timeout_s) {
+  const std::string what = group_text(group.name(), group.size());
+  core::FlightScope scope("nccl: unique id exchange on group '" + group.name() + "'");
+  Request request = group.ibroadcast(id.data(), id.size(), DType::u8, 0);
+  try {
+    request.wait_for(timeout_s);
+  } catch (const TimeoutError& e) {
+    // The request stays pending (Request's rules): the job is about to be aborted.
+    throw TimeoutError("NCCL unique id exchange on " + what + " failed: " + e.what());
+  } catch (const Error& e) {
+    throw Error("NCCL unique id exchange on " + what + " failed: " + e.what());
+  }
+}
+
+void wait_for_init(const Probe& probe, double timeout_s, const std::string& group_name,
+                   int group_size, const AbortCallback& abort) {
+  const std::string what = "ncclCommInitRankConfig on " + group_text(group_name, group_size);
+  core::FlightScope scope("nccl: " + what);
+  // Start-up: nothing to overlap, so sleep early (10 us doubling to 1 ms).
+  poll_until(probe, timeout_s, [&] { return what; }, abort,
+             {0.0, std::chrono::microseconds(10), std::chrono::microseconds(1000)});
+}
+
+void wait_for_collective(const Probe& probe, double timeout_s,
+                         const std::function<std::string()>& describe, const AbortCallback& abort) {
+  // As runtime::wait_with_deadline: continuous polling while the collective is young, then
+  // sleeps growing to 100 us once a peer is late.
+  poll_until(probe, timeout_s, describe, abort,
+             {1.0, std::chrono::microseconds(10), std::chrono::microseconds(100)});
+}
+
+}  // namespace dst::comm

@@ -1,0 +1,177 @@
+// comm_nccl_smoke: the NCCL communicator on real GPUs (built only with
+// DSTRAIN_ENABLE_NCCL=ON; docs/nccl.md). One rank per GPU:
+//   mpiexec -n <ranks> build/cuda-release/tests/mpi/comm/comm_nccl_smoke
+// Every rank binds GPU (node-local rank mod devices), makes the NCCL communicator of the
+// world through the MPI bootstrap, and checks every collective of the Communicator
+// interface against values computed on the host, then times one 64 MiB allreduce.
+// Exit codes: 0 all checks passed ("NCCL SMOKE OK" from rank 0), 1 a check or call
+// failed (the message names it), 77 no CUDA device here (CTest reports a skip).
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_communicator.hpp"
+#include "comm/nccl_communicator.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace {
+
+using dst::DType;
+using dst::comm::ReduceOp;
+
+void cuda_check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw dst::Error(std::string(what) + ": " + cudaGetErrorName(rc) + " (" +
+                     cudaGetErrorString(rc) + ")");
+}
+
+/// A device buffer of n floats.
+struct DeviceFloats {
+  explicit DeviceFloats(std::size_t n) : size(n) {
+    cuda_check(cudaMalloc(&ptr, n * sizeof(float)), "cudaMalloc");
+  }
+  ~DeviceFloats() { cudaFree(ptr); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  void upload(const std::vector<float>& h) {
+    cuda_check(cudaMemcpy(ptr, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
+               "cudaMemcpy to device");
+  }
+  std::vector<float> download(std::size_t n) const {
+    std::vector<float> h(n);
+    cuda_check(cudaMemcpy(h.data(), ptr, n * sizeof(float), cudaMemcpyDeviceToHost),
+               "cudaMemcpy to host");
+    return h;
+  }
+  float* ptr = nullptr;
+  std::size_t size;
+};
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw dst::Error("check failed: " + what);
+}
+
+/// Input element i of `rank`: small integers, exact in f32 sums.
+float input(int rank, std::size_t i) {
+  return static_cast<float>((rank * 7 + i * 3) % 11);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0;
+  int n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  dst::log::set_rank(rank);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    if (rank == 0) std::fprintf(stderr, "comm_nccl_smoke: no CUDA device here; skipping\n");
+    MPI_Finalize();
+    return 77;
+  }
+  try {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    int local = 0;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    cuda_check(cudaSetDevice(local % devices), "cudaSetDevice");
+
+    auto world_mpi = dst::comm::make_mpi_communicator(MPI_COMM_WORLD, "world", 60.0);
+    auto comm = dst::comm::make_nccl_communicator(*world_mpi, "world", 60.0, 120.0);
+
+    const std::size_t count = 1000;
+    // allreduce(sum), two in flight at once.
+    {
+      DeviceFloats a(count), b(count);
+      std::vector<float> h(count);
+      for (std::size_t i = 0; i < count; ++i)
+        h[i] = input(rank, i);
+      a.upload(h);
+      b.upload(h);
+      auto ra = comm->iallreduce(a.ptr, count, DType::f32, ReduceOp::sum);
+      auto rb = comm->iallreduce(b.ptr, count, DType::f32, ReduceOp::max);
+      rb.wait();
+      ra.wait();
+      const auto sa = a.download(count), sb = b.download(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        float sum = 0, mx = input(0, i);
+        for (int r = 0; r < n; ++r) {
+          sum += input(r, i);
+          mx = std::max(mx, input(r, i));
+        }
+        expect(sa[i] == sum, "allreduce(sum) element " + std::to_string(i));
+        expect(sb[i] == mx, "allreduce(max) element " + std::to_string(i));
+      }
+    }
+    // reduce_scatter, out of place and in place (result at the start of recv).
+    for (const bool in_place : {false, true}) {
+      DeviceFloats send(count * n), recv(count * n);
+      std::vector<float> h(count * n);
+      for (std::size_t i = 0; i < h.size(); ++i)
+        h[i] = input(rank, i);
+      send.upload(h);
+      if (in_place) recv.upload(h);
+      comm->reduce_scatter(in_place ? recv.ptr : send.ptr, recv.ptr, count, DType::f32,
+                           ReduceOp::sum);
+      const auto out = recv.download(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        float sum = 0;
+        for (int r = 0; r < n; ++r)
+          sum += input(r, rank * count + i);
+        expect(out[i] == sum, std::string("reduce_scatter") + (in_place ? " in place" : "") +
+                                  " element " + std::to_string(i));
+      }
+    }
+    // allgather, broadcast from the last rank, barrier.
+    {
+      DeviceFloats send(count), recv(count * n);
+      std::vector<float> h(count, static_cast<float>(rank));
+      send.upload(h);
+      comm->allgather(send.ptr, recv.ptr, count, DType::f32);
+      const auto out = recv.download(count * n);
+      for (std::size_t i = 0; i < out.size(); ++i)
+        expect(out[i] == static_cast<float>(i / count), "allgather element " + std::to_string(i));
+      DeviceFloats buf(count);
+      buf.upload(std::vector<float>(count, rank == n - 1 ? 42.0f : -1.0f));
+      comm->broadcast(buf.ptr, count, DType::f32, n - 1);
+      for (float v : buf.download(count))
+        expect(v == 42.0f, "broadcast value");
+      comm->barrier();
+    }
+    // Bandwidth of one 64 MiB f32 allreduce (after a warm-up), for the cluster log.
+    {
+      const std::size_t big = std::size_t{16} << 20;
+      DeviceFloats buf(big);
+      cuda_check(cudaMemset(buf.ptr, 0, big * sizeof(float)), "cudaMemset");
+      comm->allreduce(buf.ptr, big, DType::f32, ReduceOp::sum);
+      const auto t0 = std::chrono::steady_clock::now();
+      comm->allreduce(buf.ptr, big, DType::f32, ReduceOp::sum);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // Bus bandwidth as nccl-tests defines it for allreduce: 2 (n-1)/n bytes per byte.
+      const double bus = n > 1 ? 2.0 * (n - 1) / n * big * sizeof(float) / s / 1e9 : 0.0;
+      if (rank == 0)
+        std::printf(
+            "comm_nccl_smoke: %d ranks, 64 MiB allreduce %.3f ms, bus bandwidth %.1f GB/s\n", n,
+            s * 1e3, bus);
+    }
+    comm.reset();
+    if (rank == 0) std::printf("NCCL SMOKE OK\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return 0;
+}
