@@ -187,6 +187,13 @@ std::optional<double> bigram_baseline(const RunData& d, const config::RunConfig&
       train::read_token_stream(d.valid_h5->dataset(), d.valid_tokens), vocab);
 }
 
+/// A loss scale as the step line prints it ("%g": 65536, 32768, 0.5).
+std::string format_scale(double scale) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", scale);
+  return buf;
+}
+
 std::string duration(double s) {
   const long t = static_cast<long>(s + 0.5);
   return std::to_string(t / 60) + "m" + (t % 60 < 10 ? "0" : "") + std::to_string(t % 60) + "s";
@@ -232,7 +239,11 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     log::info("resumed from " + resumed.file + " at step " + std::to_string(resumed.step) +
               " (epoch " + std::to_string(trainer.sampler().position().epoch) + ", sample " +
               std::to_string(trainer.sampler().position().consumed) + "); next step " +
-              std::to_string(first_step + 1));
+              std::to_string(first_step + 1) +
+              (trainer.loss_scaling()
+                   ? "; loss scale " + format_scale(trainer.loss_scaler().scale()) + " (" +
+                         std::to_string(trainer.loss_scaler().clean_steps()) + " clean steps)"
+                   : std::string()));
   else if (cfg.checkpoint.resume == "auto")
     log::info("no checkpoint in " + checkpoints.path() + ": starting at step 1");
   const std::int64_t max_steps = cfg.training.max_steps;
@@ -300,6 +311,13 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                 "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3) x %d ranks", peak,
                 rt.size());
   log::info(peak_line);
+  if (cfg.training.precision != "fp32")
+    log::info("precision: " + cfg.training.precision +
+              " (fp32 master weights and moments; 16-bit storage emulated on the host" +
+              (trainer.loss_scaling()
+                   ? "; dynamic loss scale " + format_scale(trainer.loss_scaler().scale())
+                   : std::string()) +
+              "; docs/precision.md)");
   log::info("run directory: " + dir.string());
 
   // --- the loop

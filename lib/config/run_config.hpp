@@ -110,6 +110,7 @@ struct DebugSection {
   std::int64_t consistency_every = 100;  ///< 0 = never
   std::string nan_policy = "abort";      ///< abort | skip
   std::int64_t inject_nan_step = -1;
+  std::int64_t inject_overflow_step = -1;  ///< +inf in the last rank's gradient (fp16 tests)
   std::int64_t inject_hang_rank = -1;
   std::int64_t inject_exit_rank = -1;
   bool inject_exit_in_checkpoint = false;

@@ -235,10 +235,12 @@ void visit_training(V& v, S&... s) {
                "from global_batch_size.")
               .at_least(0),
           s.grad_accum_steps...);
-  v.field(
-      "training.precision",
-      Spec("Compute precision of the forward and backward pass.").one_of({"fp32", "bf16", "fp16"}),
-      s.precision...);
+  v.field("training.precision",
+          Spec("Compute precision of the forward and backward pass: bf16/fp16 store parameters "
+               "and activations in 16 bits (emulated on CPUs) with fp32 master weights, moments "
+               "and reductions; fp16 adds dynamic loss scaling (docs/precision.md).")
+              .one_of({"fp32", "bf16", "fp16"}),
+          s.precision...);
   v.field("training.grad_clip", Spec("Global gradient-norm clip; 0 = no clipping.").at_least(0),
           s.grad_clip...);
   visit_optimizer(v, s.optimizer...);
@@ -331,6 +333,12 @@ void visit_debug(V& v, S&... s) {
           Spec("Put a NaN into the last rank's gradient at this step (0-based); -1 = off.")
               .at_least(-1),
           s.inject_nan_step...);
+  v.field("debug.inject_overflow_step",
+          Spec("Put +inf into the last rank's gradient at this step (0-based), as an fp16 "
+               "overflow would: with training.precision fp16 every rank skips the step and "
+               "halves the loss scale; -1 = off.")
+              .at_least(-1),
+          s.inject_overflow_step...);
   v.field("debug.inject_hang_rank",
           Spec("This rank stops calling collectives; -1 = off.").at_least(-1).at_most(kIntMax),
           s.inject_hang_rank...);

@@ -115,4 +115,12 @@ float f16::to_float() const {
   return bits_float(sign | ((exp + kBiasDiff) << 23) | (mant << kMantShift));
 }
 
+float round_to_bf16(float x) {
+  return bf16::from_float(x).to_float();
+}
+
+float round_to_f16(float x) {
+  return f16::from_float(x).to_float();
+}
+
 }  // namespace dst

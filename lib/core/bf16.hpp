@@ -20,4 +20,12 @@ struct f16 {
   float to_float() const;
 };
 
+/// `x` stored as bfloat16 and read back: the nearest bf16 value (ties to even), as a
+/// float. What the emulated low-precision storage of the host build
+/// (kernels::round_to_storage, docs/precision.md) does to every stored value.
+float round_to_bf16(float x);
+/// `x` stored as IEEE binary16 and read back: nearest (ties to even), |x| >= 65520
+/// becomes +-inf, values below 2^-14 become subnormals (multiples of 2^-24), NaN stays NaN.
+float round_to_f16(float x);
+
 }  // namespace dst

@@ -388,6 +388,19 @@ void scale(const ExecContext& ctx, const Tensor& x, float factor) {
   dispatch(ctx, detail::ScaleArgs{x.ptr<float>(), factor, x.numel()});
 }
 
+// --- casts -------------------------------------------------------------------------------
+
+void round_to_storage(const ExecContext& ctx, const Tensor& x, DType storage) {
+  constexpr const char* k = "round_to_storage";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  if (storage != DType::f32 && storage != DType::bf16 && storage != DType::f16)
+    throw Error(what(k, "storage") + " must be f32, bf16 or f16, got " +
+                std::string(dtype_name(storage)));
+  if (storage == DType::f32 || x.numel() == 0) return;
+  dispatch(ctx, detail::RoundToStorageArgs{x.ptr<float>(), x.numel(), storage == DType::f16});
+}
+
 // --- norms -------------------------------------------------------------------------------
 
 double sum_of_squares(const ExecContext& ctx, const Tensor& x) {

@@ -87,6 +87,18 @@ void zero(const ExecContext& ctx, const Tensor& t);
 /// they are applied on their own rather than folded into the optimizer (AdamWHyper).
 void scale(const ExecContext& ctx, const Tensor& x, float factor);
 
+// --- casts: emulated low-precision storage ----------------------------------------------
+/// In place on x (any shape, f32): every element becomes the nearest value of the storage
+/// type `storage` (round to nearest, ties to even, core/bf16.hpp), still held as f32:
+///   f32  - nothing (the identity; no kernel runs);
+///   bf16 - 8 significant bits, float's range;
+///   f16  - 11 significant bits, |x| >= 65520 becomes +-inf, |x| < 2^-14 subnormal.
+/// NaN stays NaN. This is how the host build emulates a back end that stores parameters
+/// and activations in 16 bits and computes in fp32 (training.precision bf16 | fp16,
+/// docs/precision.md): DenseModel calls it at each point where such a back end would
+/// store. Throws dst::Error for any other storage type.
+void round_to_storage(const ExecContext& ctx, const Tensor& x, DType storage);
+
 // --- norms (gradient clipping, non-finite detection) ------------------------------------
 /// sum_i x[i]^2 over every element of x (any shape, f32), accumulated in double: each
 /// square of a float is exact in double, and the sum of 1e9 terms keeps ~1e-7 relative

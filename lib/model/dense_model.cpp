@@ -52,6 +52,12 @@ struct DenseModel::Impl {
   float eps, scale;
   Arena acts{"activations", Arena::Mode::plan};
   Arena work{"workspace", Arena::Mode::plan};
+  // Emulated 16-bit storage (docs/precision.md): f32 = none. For bf16/f16 the compute
+  // copy holds the master parameters rounded to the storage type, in the ParamStore's
+  // layout; the forward and backward read their weights from it.
+  DType storage = DType::f32;
+  Arena compute{"compute parameters", Arena::Mode::plan};
+  float* compute_base = nullptr;  // (buffer_elements), nullptr for f32
 
   std::size_t wte = 0, norm = 0, head = 0;
   std::vector<BlockParams> blocks;
@@ -71,6 +77,20 @@ struct DenseModel::Impl {
   Tensor d_attn;           // (N, H*D)
   Tensor d_h1, d_h3, d_g;  // (N, F)
   double forward_s = 0.0, backward_s = 0.0;
+
+  /// The weights the forward and backward compute with: the master parameter (f32), or
+  /// its rounded compute copy (bf16/f16).
+  Tensor weight(const ParamStore& ps, std::size_t i) const {
+    Tensor t = ps.param(i);
+    if (compute_base) t.data = compute_base + ps.spec(i).offset;
+    return t;
+  }
+  /// Where a 16-bit back end would store `t` (an activation, or an activation's gradient
+  /// that feeds a matrix product): round it to the storage type. Nothing for f32. The
+  /// one place the model's emulated precision is applied to activations.
+  void store(const Tensor& t) const {
+    if (storage != DType::f32) kernels::round_to_storage(ctx, t, storage);
+  }
 
   void take_all() {
     const auto f32 = DType::f32;
@@ -130,6 +150,7 @@ struct DenseModel::Impl {
                                  H * T * T, B);
     }
     kernels::causal_softmax_forward(ctx, a.probs, scale, a.probs);
+    store(a.probs);  // softmax in fp32; the probabilities are stored for P x V
     for (std::int64_t h = 0; h < H; ++h) {
       const std::int64_t kh = h / group;
       // out[b, :, h, :] (T, D) = probs[b, h] (T, T) x v[b, :, kh, :] (T, D)
@@ -183,58 +204,85 @@ struct DenseModel::Impl {
   void forward_pass(ParamStore& ps, const std::int32_t* tok, const std::int32_t* tgt) {
     std::memcpy(tokens.data, tok, static_cast<std::size_t>(N) * sizeof(std::int32_t));
     std::memcpy(targets.data, tgt, static_cast<std::size_t>(N) * sizeof(std::int32_t));
-    kernels::embedding_forward(ctx, tokens, ps.param(wte), layer[0].x);
+    // store(): each activation as a 16-bit back end would keep it (identity for f32).
+    // Norm statistics (rstd), softmax and the loss reduce in fp32 and are not rounded.
+    kernels::embedding_forward(ctx, tokens, weight(ps, wte), layer[0].x);
     for (std::int64_t l = 0; l < L; ++l) {
       const BlockParams& w = blocks[static_cast<std::size_t>(l)];
       BlockActs& a = layer[static_cast<std::size_t>(l)];
-      kernels::rmsnorm_forward(ctx, a.x, ps.param(w.ln1), eps, a.ln1, a.rstd1);
-      blas::linear_forward(ctx, a.ln1, ps.param(w.q), a.q);
-      blas::linear_forward(ctx, a.ln1, ps.param(w.k), a.k);
-      blas::linear_forward(ctx, a.ln1, ps.param(w.v), a.v);
+      kernels::rmsnorm_forward(ctx, a.x, weight(ps, w.ln1), eps, a.ln1, a.rstd1);
+      store(a.ln1);
+      blas::linear_forward(ctx, a.ln1, weight(ps, w.q), a.q);
+      blas::linear_forward(ctx, a.ln1, weight(ps, w.k), a.k);
+      blas::linear_forward(ctx, a.ln1, weight(ps, w.v), a.v);
       kernels::rope_forward(ctx, a.q.reshaped({B, T, H, D}), cos, sin);
       kernels::rope_forward(ctx, a.k.reshaped({B, T, KV, D}), cos, sin);
+      store(a.q);
+      store(a.k);
+      store(a.v);
       attention_forward(ps, a);
-      blas::linear_forward(ctx, a.attn, ps.param(w.o), a.mid);
+      store(a.attn);
+      blas::linear_forward(ctx, a.attn, weight(ps, w.o), a.mid);
       kernels::add(ctx, a.mid, a.x, a.mid);
-      kernels::rmsnorm_forward(ctx, a.mid, ps.param(w.ln2), eps, a.ln2, a.rstd2);
-      blas::linear_forward(ctx, a.ln2, ps.param(w.gate), a.h1);
-      blas::linear_forward(ctx, a.ln2, ps.param(w.up), a.h3);
+      store(a.mid);  // the residual stream
+      kernels::rmsnorm_forward(ctx, a.mid, weight(ps, w.ln2), eps, a.ln2, a.rstd2);
+      store(a.ln2);
+      blas::linear_forward(ctx, a.ln2, weight(ps, w.gate), a.h1);
+      blas::linear_forward(ctx, a.ln2, weight(ps, w.up), a.h3);
+      store(a.h1);
+      store(a.h3);
       kernels::swiglu_forward(ctx, a.h1, a.h3, a.g);
+      store(a.g);
       const Tensor& next = l + 1 < L ? layer[static_cast<std::size_t>(l + 1)].x : final_x;
-      blas::linear_forward(ctx, a.g, ps.param(w.down), next);
+      blas::linear_forward(ctx, a.g, weight(ps, w.down), next);
       kernels::add(ctx, next, a.mid, next);
+      store(next);  // the residual stream: the next block's input
     }
-    kernels::rmsnorm_forward(ctx, final_x, ps.param(norm), eps, lnf, rstdf);
-    blas::linear_forward(ctx, lnf, ps.param(head), logits);
+    kernels::rmsnorm_forward(ctx, final_x, weight(ps, norm), eps, lnf, rstdf);
+    store(lnf);
+    blas::linear_forward(ctx, lnf, weight(ps, head), logits);
+    store(logits);  // the loss itself is computed in fp32 from the stored logits
   }
 
   void backward_pass(ParamStore& ps, const std::function<void(std::size_t)>& on_ready) {
     auto ready = [&](std::size_t offset) {
       if (on_ready) on_ready(offset);
     };
+    // Weight gradients accumulate in fp32 (the ParamStore's gradient buffer); the
+    // activation gradients that feed matrix products are stored (store()) like the
+    // forward's activations, which is where fp16 needs the loss scale.
     // logits now holds d(loss)/d(logits) (cross_entropy_fused wrote it in place).
-    blas::linear_backward(ctx, logits, lnf, ps.param(head), d_ln, ps.grad(head));
+    store(logits);
+    blas::linear_backward(ctx, logits, lnf, weight(ps, head), d_ln, ps.grad(head));
     kernels::zero(ctx, d_x);
-    kernels::rmsnorm_backward(ctx, d_ln, final_x, ps.param(norm), rstdf, d_x, ps.grad(norm));
+    kernels::rmsnorm_backward(ctx, d_ln, final_x, weight(ps, norm), rstdf, d_x, ps.grad(norm));
     // Tied: the head's gradient is the embedding's, final only at the very end.
     if (!m.tie_embeddings) ready(std::min(ps.spec(norm).offset, ps.spec(head).offset));
     for (std::int64_t l = L - 1; l >= 0; --l) {
       const BlockParams& w = blocks[static_cast<std::size_t>(l)];
       const BlockActs& a = layer[static_cast<std::size_t>(l)];
       // MLP branch: next = mid + down(g); d_x holds d(loss)/d(next).
-      blas::linear_backward(ctx, d_x, a.g, ps.param(w.down), d_g, ps.grad(w.down));
+      store(d_x);
+      blas::linear_backward(ctx, d_x, a.g, weight(ps, w.down), d_g, ps.grad(w.down));
       kernels::swiglu_backward(ctx, d_g, a.h1, a.h3, d_h1, d_h3);
-      blas::linear_backward(ctx, d_h1, a.ln2, ps.param(w.gate), d_ln, ps.grad(w.gate));
-      blas::linear_backward(ctx, d_h3, a.ln2, ps.param(w.up), d_ln, ps.grad(w.up), true);
-      kernels::rmsnorm_backward(ctx, d_ln, a.mid, ps.param(w.ln2), a.rstd2, d_x, ps.grad(w.ln2));
+      store(d_h1);
+      store(d_h3);
+      blas::linear_backward(ctx, d_h1, a.ln2, weight(ps, w.gate), d_ln, ps.grad(w.gate));
+      blas::linear_backward(ctx, d_h3, a.ln2, weight(ps, w.up), d_ln, ps.grad(w.up), true);
+      kernels::rmsnorm_backward(ctx, d_ln, a.mid, weight(ps, w.ln2), a.rstd2, d_x, ps.grad(w.ln2));
       ready(ps.spec(w.ln2).offset);  // a chance to poll in-flight buckets mid-block
       // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
-      blas::linear_backward(ctx, d_x, a.attn, ps.param(w.o), d_attn, ps.grad(w.o));
+      store(d_x);
+      blas::linear_backward(ctx, d_x, a.attn, weight(ps, w.o), d_attn, ps.grad(w.o));
+      store(d_attn);
       attention_backward(a);
-      blas::linear_backward(ctx, d_q, a.ln1, ps.param(w.q), d_ln, ps.grad(w.q));
-      blas::linear_backward(ctx, d_k, a.ln1, ps.param(w.k), d_ln, ps.grad(w.k), true);
-      blas::linear_backward(ctx, d_v, a.ln1, ps.param(w.v), d_ln, ps.grad(w.v), true);
-      kernels::rmsnorm_backward(ctx, d_ln, a.x, ps.param(w.ln1), a.rstd1, d_x, ps.grad(w.ln1));
+      store(d_q);
+      store(d_k);
+      store(d_v);
+      blas::linear_backward(ctx, d_q, a.ln1, weight(ps, w.q), d_ln, ps.grad(w.q));
+      blas::linear_backward(ctx, d_k, a.ln1, weight(ps, w.k), d_ln, ps.grad(w.k), true);
+      blas::linear_backward(ctx, d_v, a.ln1, weight(ps, w.v), d_ln, ps.grad(w.v), true);
+      kernels::rmsnorm_backward(ctx, d_ln, a.x, weight(ps, w.ln1), a.rstd1, d_x, ps.grad(w.ln1));
       ready(ps.spec(w.ln1).offset);  // the block's first tensor: the whole block is final
     }
     kernels::embedding_backward(ctx, tokens, d_x, ps.grad(wte));
@@ -257,7 +305,7 @@ struct DenseModel::Impl {
 };
 
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-                       tensor::Arena::Mode mode, tensor::ExecContext ctx)
+                       tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage)
     : impl_(std::make_unique<Impl>()),
       params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode)),
       B_(batch),
@@ -271,9 +319,13 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
     throw Error(
         "model: d_model must split into n_heads even head dims and n_kv_heads must "
         "divide n_heads");
+  if (storage != DType::f32 && storage != DType::bf16 && storage != DType::f16)
+    throw Error("model: storage type must be f32, bf16 or f16, got " +
+                std::string(dtype_name(storage)));
   Impl& s = *impl_;
   s.m = m;
   s.ctx = ctx;
+  s.storage = storage;
   s.B = batch;
   s.T = seq_len;
   s.N = batch * seq_len;
@@ -310,10 +362,35 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
     s.work = Arena("workspace", Arena::Mode::allocate, work_bytes);
     s.take_all();
     kernels::rope_tables(s.ctx, m.rope_theta, s.cos, s.sin);
+    if (storage != DType::f32) {
+      // The host emulation keeps the rounded copy in f32 (a 16-bit back end: half the
+      // bytes; plan.cpp counts those). Filled by refresh_compute_params().
+      const std::size_t n = ps.buffer_elements();
+      s.compute = Arena("compute parameters", Arena::Mode::allocate, n * sizeof(float));
+      s.compute_base =
+          s.compute.take("compute copy", {static_cast<std::int64_t>(n)}, DType::f32).ptr<float>();
+      refresh_compute_params();
+    }
   }
 }
 
 DenseModel::~DenseModel() = default;
+
+DType DenseModel::storage() const {
+  return impl_->storage;
+}
+
+void DenseModel::refresh_compute_params() {
+  Impl& s = *impl_;
+  if (!s.compute_base) return;
+  const std::size_t n = params_->buffer_elements();
+  std::memcpy(s.compute_base, params_->params_data(), n * sizeof(float));
+  Tensor all;
+  all.shape = Shape{static_cast<std::int64_t>(n)};
+  all.dtype = DType::f32;
+  all.data = s.compute_base;
+  kernels::round_to_storage(s.ctx, all, s.storage);
+}
 
 ModelMemory DenseModel::memory() const {
   ModelMemory mem;

@@ -36,9 +36,15 @@ struct ModelMemory {
 
 class DenseModel {
  public:
-  /// A model for micro-batches of `batch` sequences of `seq_len` tokens.
+  /// A model for micro-batches of `batch` sequences of `seq_len` tokens. `storage` is
+  /// the element type parameters and activations are stored in for compute
+  /// (training.precision: f32 | bf16 | f16). Every buffer stays f32; for bf16 and f16 the
+  /// values are rounded to the storage type where a 16-bit back end would store them
+  /// (docs/precision.md), and the forward/backward read a rounded compute copy of the fp32
+  /// master parameters (refresh_compute_params()). f32 computes on the master parameters
+  /// directly, bit for bit as before the option existed.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-             tensor::Arena::Mode mode, tensor::ExecContext ctx = {});
+             tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32);
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -46,6 +52,12 @@ class DenseModel {
   ParamStore& params() { return *params_; }
   const ParamStore& params() const { return *params_; }
   ModelMemory memory() const;
+  /// The storage type of parameters and activations for compute (f32, bf16 or f16).
+  DType storage() const;
+  /// Copies the fp32 master parameters (params()) into the compute copy, rounded to the
+  /// storage type. Call after every change of the master parameters (initialisation, an
+  /// optimizer step, a restore) and before the next forward. Nothing to do for f32.
+  void refresh_compute_params();
   std::int64_t batch() const { return B_; }
   std::int64_t seq_len() const { return T_; }
 

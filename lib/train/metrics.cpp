@@ -90,16 +90,21 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
   j["peak_mem_bytes"] = peak_bytes;
   j["skipped"] = s.skipped;
   j["skipped_total"] = skipped_total;
+  if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;  // fp16 only
   j["eta_s"] = eta_s;
   write(j.dump());
-  char line[256];
+  char scale[48] = "";
+  if (s.loss_scale > 0) std::snprintf(scale, sizeof scale, " | scale %g", s.loss_scale);
+  char line[320];
   std::snprintf(line, sizeof line,
                 "step %6lld/%lld | loss %.4f | lr %.3e | norm %7.4f | %8.0f tok/s | MFU %5.1f%% "
-                "| %7.1f ms | mem %6.0f MiB | ETA %s%s",
+                "| %7.1f ms | mem %6.0f MiB | ETA %s%s%s",
                 static_cast<long long>(s.step + 1), static_cast<long long>(max_steps), s.loss, s.lr,
                 s.grad_norm, tokens_per_s, 100.0 * mfu, s.seconds * 1e3,
-                static_cast<double>(peak_bytes) / 1048576.0, hms(eta_s).c_str(),
-                s.skipped ? " | SKIPPED (non-finite gradients)" : "");
+                static_cast<double>(peak_bytes) / 1048576.0, hms(eta_s).c_str(), scale,
+                s.overflow  ? " | SKIPPED (fp16 overflow, loss scale halved)"
+                : s.skipped ? " | SKIPPED (non-finite gradients)"
+                            : "");
   return line;
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/exit_codes.hpp"
 #include "core/flight_recorder.hpp"
+#include "core/log.hpp"
 #include "core/step_context.hpp"
 #include "runtime/signals.hpp"
 #include "train/schedule.hpp"
@@ -47,6 +48,14 @@ void split_rows(const std::int32_t* rows, std::int64_t n, std::int64_t T, std::i
   }
 }
 
+/// training.precision -> the storage type the model computes with (docs/precision.md).
+DType storage_type(const std::string& precision) {
+  if (precision == "fp32") return DType::f32;
+  if (precision == "bf16") return DType::bf16;
+  if (precision == "fp16") return DType::f16;
+  throw Error("trainer: training.precision must be fp32, bf16 or fp16, got '" + precision + "'");
+}
+
 /// The parameter tensor holding flat-buffer offset `offset`.
 std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
   std::size_t found = 0;
@@ -61,8 +70,10 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     : cfg_(config), layout_(layout), groups_(groups), train_(train), ctx_(ctx) {
   const std::int64_t micro = config.training.micro_batch_size;
   const std::int64_t T = config.data.seq_len;
-  model_ = std::make_unique<model::DenseModel>(config.model, micro, T,
-                                               tensor::Arena::Mode::allocate, ctx_);
+  model_ =
+      std::make_unique<model::DenseModel>(config.model, micro, T, tensor::Arena::Mode::allocate,
+                                          ctx_, storage_type(config.training.precision));
+  loss_scaling_ = config.training.precision == "fp16";
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   data::SamplerConfig sc;
   sc.num_samples = train.num_samples();
@@ -90,6 +101,7 @@ Trainer::~Trainer() = default;
 
 void Trainer::initialize_parameters() {
   model_->params().initialize(cfg_.run.seed);
+  model_->refresh_compute_params();
 }
 
 StepStats Trainer::step() {
@@ -117,17 +129,26 @@ StepStats Trainer::step() {
   ps.zero_grads();
   GradBuckets& buckets = *buckets_;
   buckets.reset();
-  const bool inject =
-      cfg_.debug.inject_nan_step == step_ && groups_.world->rank() == groups_.world->size() - 1;
+  const bool last_rank = groups_.world->rank() == groups_.world->size() - 1;
+  const bool inject_nan = cfg_.debug.inject_nan_step == step_ && last_rank;
+  const bool inject_inf = cfg_.debug.inject_overflow_step == step_ && last_rank;
   const std::size_t inject_at = inject_nan_offset_;
   bool injected = false;
   auto on_ready = [&](std::size_t offset) {
-    if (inject && !injected && offset <= inject_at) {
-      ps.grads_data()[inject_at] = std::numeric_limits<float>::quiet_NaN();
+    if ((inject_nan || inject_inf) && !injected && offset <= inject_at) {
+      ps.grads_data()[inject_at] = inject_nan ? std::numeric_limits<float>::quiet_NaN()
+                                              : std::numeric_limits<float>::infinity();
       injected = true;
     }
     buckets.ready(offset);
   };
+  // fp16 (docs/precision.md): the backward differentiates loss_scale x the mean loss of a
+  // full micro-batch (what a GPU framework backpropagates, times the scale), so the fp16
+  // activation gradients have their real magnitude; the optimizer's gradient scale undoes
+  // it. fp32 and bf16: the gradient of the loss sum, unscaled (1, exactly as before).
+  const float backward_scale =
+      loss_scaling_ ? static_cast<float>(scaler_.scale() / static_cast<double>(micro * T)) : 1.0f;
+  st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
   double loss_sum = 0.0;
   std::int64_t valid = 0;
   for (std::size_t m = 0; m < ids.size(); ++m) {
@@ -138,7 +159,7 @@ StepStats Trainer::step() {
     core::FlightScope scope("forward+backward of micro-batch " + std::to_string(m + 1) + "/" +
                             std::to_string(ids.size()));
     loss_sum += model_->forward_backward(
-        tokens_.data(), targets_.data(), 1.0f, &v,
+        tokens_.data(), targets_.data(), backward_scale, &v,
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
     valid += v;
     st.t_forward += model_->last_forward_seconds();
@@ -155,13 +176,33 @@ StepStats Trainer::step() {
   st.stop_ranks = static_cast<int>(sums[3]);
   st.tokens = static_cast<std::int64_t>(sums[1]);
   st.loss = st.tokens > 0 ? sums[0] / sums[1] : 0.0;
-  const double scale = st.tokens > 0 ? 1.0 / sums[1] : 0.0;  // gradients of the mean
+  // Gradients of the mean: 1 / tokens; under fp16 also 1 / backward_scale (the unscale).
+  const double scale =
+      st.tokens > 0 ? (loss_scaling_ ? 1.0 / sums[1] / backward_scale : 1.0 / sums[1]) : 0.0;
 
   // --- norm, non-finite policy, clipping, optimizer
   t0 = Clock::now();
   st.grad_norm = std::sqrt(norm_.compute(ctx_, ps)) * scale;  // gradients are replicated
   st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
-  if (!std::isfinite(st.grad_norm) || sums[2] > 0.0) {
+  // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (sums[2], the
+  // per-rank 0/1 flags summed: > 0 exactly when their MAX is 1), or the sum overflowed
+  // (the norm, identical on every rank). Every rank decides alike.
+  const bool nonfinite = !std::isfinite(st.grad_norm) || sums[2] > 0.0;
+  if (nonfinite && loss_scaling_) {
+    // fp16 overflow: the normal event that tunes the loss scale, not a divergence (no
+    // nan_policy). Skip the step: parameters, moments and the optimizer's step count stay
+    // untouched; halve the scale.
+    st.skipped = true;
+    st.overflow = true;
+    ++skipped_;
+    const double before = scaler_.scale();
+    scaler_.update(true);
+    std::ostringstream os;
+    os << "fp16 gradient overflow at step " << step_ + 1 << " (" << static_cast<int>(sums[2])
+       << " of " << layout_.data << " data ranks had a non-finite gradient): step skipped, loss "
+       << "scale " << before << " -> " << scaler_.scale();
+    if (groups_.world->rank() == 0) log::warn(os.str());
+  } else if (nonfinite) {
     // Name the first rank whose own gradient was non-finite, and its first tensor.
     std::int64_t first[2] = {buckets.first_nonfinite_offset() >= 0
                                  ? groups_.world->rank()
@@ -189,6 +230,13 @@ StepStats Trainer::step() {
   } else {
     const double factor = clip_factor(st.grad_norm, cfg_.training.grad_clip);
     optimizer_->step(ctx_, ps, st.lr, scale * factor);
+    model_->refresh_compute_params();  // the rounded copy of the new master parameters
+    if (loss_scaling_ && scaler_.update(false) && groups_.world->rank() == 0) {
+      std::ostringstream os;
+      os << "loss scale " << scaler_.scale() / LossScaler::kGrowthFactor << " -> "
+         << scaler_.scale() << " after " << LossScaler::kGrowthInterval << " clean steps";
+      log::info(os.str());
+    }
   }
   st.t_optimizer = since(t0);
   if (cfg_.debug.inject_divergence_rank == groups_.world->rank() && step_ == 0)
@@ -245,6 +293,8 @@ ckpt::Metadata Trainer::checkpoint_metadata() const {
   m.samples_seen = samples_seen_;
   m.optimizer_steps = optimizer_->step_count();
   m.skipped_steps = skipped_;
+  m.loss_scale = loss_scaling_ ? scaler_.scale() : 1.0;  // 1: no loss scaling
+  m.loss_scale_clean_steps = loss_scaling_ ? scaler_.clean_steps() : 0;
   m.seed = cfg_.run.seed;
   m.rng =
       "philox4x32-10, counter-based: every random number is a pure function of (run.seed, "
@@ -299,6 +349,10 @@ void Trainer::restore(ckpt::Reader& reader) {
   samples_seen_ = m.samples_seen;
   optimizer_->set_step_count(m.optimizer_steps);
   sampler_->seek({m.epoch, m.consumed});
+  // training.precision may not change on resume (resume.hpp), so an fp16 checkpoint's
+  // scale is a real one.
+  if (loss_scaling_) scaler_.set_state(m.loss_scale, m.loss_scale_clean_steps);
+  model_->refresh_compute_params();
 }
 
 void Trainer::check_consistency() {

@@ -20,6 +20,7 @@
 #include "tensor/context.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/grad_norm.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 
 namespace dst::train {
@@ -44,9 +45,11 @@ struct StepStats {
   std::int64_t tokens = 0;  ///< target tokens in the global batch (ignored excluded)
   double grad_norm = 0.0;   ///< of the mean-loss gradient, before clipping
   double lr = 0.0;
-  bool skipped = false;  ///< non-finite gradients and debug.nan_policy = skip
-  int stop_ranks = 0;    ///< ranks that had received a stop signal (runtime/signals.hpp)
-  double seconds = 0.0;  ///< wall time of the step
+  bool skipped = false;     ///< non-finite gradients and debug.nan_policy = skip, or fp16 overflow
+  bool overflow = false;    ///< fp16: the gradients overflowed (skipped, the loss scale halved)
+  double loss_scale = 0.0;  ///< fp16: the loss scale this step's backward used; 0 otherwise
+  int stop_ranks = 0;       ///< ranks that had received a stop signal (runtime/signals.hpp)
+  double seconds = 0.0;     ///< wall time of the step
   // phase timers (this rank, seconds)
   double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
 };
@@ -91,6 +94,10 @@ class Trainer {
 
   std::int64_t steps_done() const { return step_; }
   std::int64_t skipped_steps() const { return skipped_; }
+  /// training.precision fp16: the dynamic loss scale is in use (loss_scaler()).
+  bool loss_scaling() const { return loss_scaling_; }
+  /// The dynamic loss scaler (state meaningful only when loss_scaling()).
+  const LossScaler& loss_scaler() const { return scaler_; }
   model::DenseModel& model() { return *model_; }
   const AdamW& optimizer() const { return *optimizer_; }
   data::Sampler& sampler() { return *sampler_; }
@@ -112,6 +119,9 @@ class Trainer {
   std::uint64_t samples_seen_ = 0;        ///< samples consumed since the start of training
   std::unique_ptr<GradBuckets> buckets_;  ///< ranges of the flat gradient buffer, made once
   std::size_t inject_nan_offset_ = 0;     ///< where debug.inject_nan_step puts its NaN
+                                          ///< (and debug.inject_overflow_step its inf)
+  bool loss_scaling_ = false;             ///< training.precision fp16
+  LossScaler scaler_;
 };
 
 }  // namespace dst::train

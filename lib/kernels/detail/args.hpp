@@ -127,6 +127,12 @@ struct ScaleArgs {
   Index n;
 };
 
+struct RoundToStorageArgs {
+  float* x;  // (n), rounded in place
+  Index n;
+  bool f16;  ///< true: IEEE binary16; false: bfloat16
+};
+
 struct SumOfSquaresArgs {
   const float* x;  // (n)
   Index n;

@@ -1,5 +1,8 @@
-// Elementwise kernels: the residual add, gradient accumulation, zero fill.
+// Elementwise kernels: the residual add, gradient accumulation, zero fill, and the
+// rounding that emulates 16-bit storage.
 #include <cstdint>
+
+#include "core/bf16.hpp"
 
 #include "kernels/kokkos/detail/common.hpp"
 #include "kernels/kokkos/kokkos_backend.hpp"
@@ -33,6 +36,23 @@ void zero(const ExecSpace& space, const Vector<ExecSpace, Word>& t) {
   Kokkos::parallel_for(
       "dst::kernels::zero::elements", Range<ExecSpace>(space, 0, static_cast<Index>(t.extent(0))),
       KOKKOS_LAMBDA(const Index i) { t(i) = Word(0); });
+}
+
+/// x(i) = x(i) stored in 16 bits and read back (core/bf16.hpp's conversions, integer
+/// arithmetic: no floating-point exception, the same bits on every back end). Those
+/// conversions are host functions: a Kokkos device back end needs them marked
+/// KOKKOS_INLINE_FUNCTION first (common.hpp, "Adding bf16 storage").
+template <class ExecSpace>
+void round_to_storage(const ExecSpace& space, const Vector<ExecSpace, float>& x, const bool f16) {
+  const Index n = static_cast<Index>(x.extent(0));
+  if (f16)
+    Kokkos::parallel_for(
+        "dst::kernels::round_to_storage::f16", Range<ExecSpace>(space, 0, n),
+        KOKKOS_LAMBDA(const Index i) { x(i) = dst::round_to_f16(x(i)); });
+  else
+    Kokkos::parallel_for(
+        "dst::kernels::round_to_storage::bf16", Range<ExecSpace>(space, 0, n),
+        KOKKOS_LAMBDA(const Index i) { x(i) = dst::round_to_bf16(x(i)); });
 }
 
 }  // namespace
@@ -69,6 +89,11 @@ void run(const kernels::detail::ZeroArgs& a) {
                                                 static_cast<Index>(a.bytes)));
       return;
   }
+}
+
+void run(const kernels::detail::RoundToStorageArgs& a) {
+  using namespace detail;
+  round_to_storage(Space(), Vector<Space, float>(a.x, a.n), a.f16);
 }
 
 }  // namespace dst::kernels::kokkos_backend

@@ -650,6 +650,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "debug.consistency_every=0",
     "debug.nan_policy=skip",
     "debug.inject_nan_step=5",
+    "debug.inject_overflow_step=6",
     "debug.inject_hang_rank=1",
     "debug.inject_exit_rank=0",
     "debug.inject_exit_in_checkpoint=true",

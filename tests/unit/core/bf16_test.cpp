@@ -237,3 +237,30 @@ TEST(F16, TiesToEvenAndSpecialValues) {
 }
 
 }  // namespace
+
+// round_to_bf16 / round_to_f16: a store and a load in one, the values the emulated 16-bit
+// storage of training.precision bf16 / fp16 keeps (docs/precision.md).
+namespace {
+TEST(RoundToStorageScalar, KnownValues) {
+  const FpTrapDisabled no_trap;
+  // binary16: largest finite, overflow to inf at 65520 (tie to the even neighbour, 2^16),
+  // subnormals (multiples of 2^-24) with their ties, and ties to even among normals.
+  EXPECT_EQ(dst::round_to_f16(65504.0F), 65504.0F);
+  EXPECT_EQ(dst::round_to_f16(65519.0F), 65504.0F);
+  EXPECT_EQ(dst::round_to_f16(65520.0F), HUGE_VALF);
+  EXPECT_EQ(dst::round_to_f16(-70000.0F), -HUGE_VALF);
+  EXPECT_EQ(dst::round_to_f16(0x1p-24F), 0x1p-24F);
+  EXPECT_EQ(dst::round_to_f16(0x1p-25F), 0.0F);
+  EXPECT_EQ(dst::round_to_f16(3 * 0x1p-25F), 2 * 0x1p-24F);
+  EXPECT_EQ(dst::round_to_f16(5 * 0x1p-25F), 2 * 0x1p-24F);
+  EXPECT_EQ(dst::round_to_f16(1.0F + 0x1p-11F), 1.0F);
+  EXPECT_EQ(dst::round_to_f16(1.0F + 3 * 0x1p-11F), 1.0F + 0x1p-9F);
+  EXPECT_TRUE(std::isnan(dst::round_to_f16(std::numeric_limits<float>::quiet_NaN())));
+  // bfloat16: float's exponent range, 8 significant bits.
+  EXPECT_EQ(dst::round_to_bf16(65520.0F), 65536.0F);
+  EXPECT_EQ(dst::round_to_bf16(1.0F + 0x1p-8F), 1.0F);
+  EXPECT_EQ(dst::round_to_bf16(1.0F + 3 * 0x1p-8F), 1.0F + 0x1p-6F);
+  EXPECT_EQ(dst::round_to_bf16(float_of(0x7f7f8000U)), HUGE_VALF);  // above max bf16: inf
+  EXPECT_EQ(dst::round_to_bf16(float_of(0x00010000U)), float_of(0x00010000U));
+}
+}  // namespace

@@ -196,3 +196,62 @@ TEST(DenseModel, GradientsMatchCentralDifferences) {
 }
 
 }  // namespace
+
+// training.precision bf16 / fp16 on the host: the model computes with a rounded compute
+// copy of the parameters and rounds its activations (docs/precision.md).
+namespace {
+TEST(DenseModelPrecision, F32IsUnchangedAnd16BitStorageIsCloseButNotEqual) {
+  const auto m = small_gqa();
+  const Batch batch = make_batch(10, 11, 3);
+  DenseModel plain(m, 2, 5, Arena::Mode::allocate);
+  plain.params().initialize(7);
+  plain.params().zero_grads();
+  const double ref = plain.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+  const auto n = plain.params().buffer_elements();
+  for (const dst::DType st : {dst::DType::f32, dst::DType::bf16, dst::DType::f16}) {
+    DenseModel model(m, 2, 5, Arena::Mode::allocate, {}, st);
+    EXPECT_EQ(model.storage(), st);
+    model.params().initialize(7);
+    model.refresh_compute_params();
+    model.params().zero_grads();
+    const double loss = model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+    const float* g = model.params().grads_data();
+    const float* g0 = plain.params().grads_data();
+    if (st == dst::DType::f32) {  // explicit f32 = the default, bit for bit
+      EXPECT_EQ(loss, ref);
+      EXPECT_EQ(std::memcmp(g, g0, n * sizeof(float)), 0);
+      continue;
+    }
+    // Rounding happened (a model that ignored its storage type would match exactly), and
+    // stays small: 8 (bf16) or 11 (fp16) significant bits on O(1) activations through 2
+    // layers move the loss sum (7 tokens, ~17 nats) by well under 1%.
+    EXPECT_NE(loss, ref) << dst::dtype_name(st);
+    EXPECT_NEAR(loss, ref, 1e-2 * std::fabs(ref)) << dst::dtype_name(st);
+    double dot = 0, n0 = 0, n1 = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      dot += static_cast<double>(g[i]) * g0[i];
+      n0 += static_cast<double>(g0[i]) * g0[i];
+      n1 += static_cast<double>(g[i]) * g[i];
+    }
+    EXPECT_GT(dot / std::sqrt(n0 * n1), 0.999) << dst::dtype_name(st);  // same direction
+  }
+}
+
+TEST(DenseModelPrecision, ComputeCopyFollowsTheMasterOnlyWhenRefreshed) {
+  const auto m = small_gqa();
+  const Batch batch = make_batch(10, 11, 3);
+  DenseModel a(m, 2, 5, Arena::Mode::allocate, {}, dst::DType::bf16);
+  DenseModel b(m, 2, 5, Arena::Mode::allocate, {}, dst::DType::bf16);
+  a.params().initialize(7);
+  a.refresh_compute_params();
+  b.params().initialize(8);
+  b.refresh_compute_params();
+  const double la = a.forward(batch.tokens.data(), batch.targets.data());
+  const double lb = b.forward(batch.tokens.data(), batch.targets.data());
+  ASSERT_NE(la, lb);
+  a.params().initialize(8);  // the master changes; the compute copy does not yet
+  EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()), la);
+  a.refresh_compute_params();
+  EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()), lb);
+}
+}  // namespace
