@@ -3,6 +3,8 @@
 /// "loading").
 #include <algorithm>
 #include <chrono>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "ckpt/checkpoint.hpp"
@@ -41,6 +43,16 @@ std::uint64_t numel(const std::vector<std::int64_t>& shape) {
   std::uint64_t n = 1;
   for (auto d : shape)
     n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+/// The element count of `dims`, or nullopt when the product overflows 64 bits.
+std::optional<std::uint64_t> checked_numel(const std::vector<hsize_t>& dims) {
+  std::uint64_t n = 1;
+  for (const hsize_t d : dims) {
+    if (d != 0 && n > std::numeric_limits<std::uint64_t>::max() / d) return std::nullopt;
+    n *= d;
+  }
   return n;
 }
 
@@ -123,6 +135,8 @@ herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* out) {
 
 /// Every dataset outside /meta, with its shape, type and stored checksum, by name.
 std::vector<TensorInfo> list_tensors(hid_t file, const std::string& where) {
+  hsize_t file_bytes = 0;
+  DST_CKPT_H5(H5Fget_filesize(file, &file_bytes), where);
   std::vector<std::string> links;
   DST_CKPT_H5(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_link, &links), where);
   std::sort(links.begin(), links.end());
@@ -143,6 +157,16 @@ std::vector<TensorInfo> list_tensors(hid_t file, const std::string& where) {
     H5Id type(DST_CKPT_H5(H5Dget_type(obj.get()), w));
     if (DST_CKPT_H5(H5Tequal(type.get(), H5T_IEEE_F32LE), w) > 0) {
       info.dtype = "f32";
+      // Every byte a tensor claims must be stored: a dataset may not claim more than the
+      // file holds (found by fuzz_checkpoint: a chunked dataset of extent 2^41 storing
+      // nothing made verify_all() size its buffer at 8 TiB).
+      const auto n = checked_numel(dims);
+      const hsize_t stored = H5Dget_storage_size(obj.get());
+      if (!n || *n > file_bytes / sizeof(float) || stored < *n * sizeof(float))
+        throw CheckpointError(Kind::format, w + ": claims " + shape_text(info.shape) +
+                                                " f32 elements but " + std::to_string(stored) +
+                                                " bytes are stored (file of " +
+                                                std::to_string(file_bytes) + " bytes)");
     } else {
       std::ostringstream os;
       os << "class " << static_cast<int>(H5Tget_class(type.get())) << ", "
@@ -316,8 +340,8 @@ void Reader::read(const std::string& name, const std::vector<std::int64_t>& expe
 
 std::vector<std::string> Reader::verify_all() {
   std::uint64_t largest = 0;
-  for (const auto& t : tensors_)
-    largest = std::max(largest, numel(t.shape));
+  for (const auto& t : tensors_)  // f32 tensors: list_tensors checked they are stored
+    if (t.dtype == "f32") largest = std::max(largest, numel(t.shape));
   std::vector<float> buf(largest);
   std::vector<std::string> bad;
   for (const auto& t : tensors_) {

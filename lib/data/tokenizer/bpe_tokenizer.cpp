@@ -196,6 +196,42 @@ std::atomic<std::uint64_t> g_next_instance{1};
 constexpr std::size_t kCacheMaxEntries = std::size_t{1} << 17;
 /// Longer pieces are rarely repeated; caching them would only evict useful entries.
 constexpr std::size_t kCacheMaxPieceBytes = 128;
+/// Ids may leave holes (the DeepSeek-V3 and DeepSeek-LLM 7B files have none), but the id
+/// tables are sized by the largest id: a 20-byte edit naming id 2^31 - 1 would otherwise
+/// allocate ~70 GB. Beyond the number of tokens the file defines, at most this many
+/// unused ids are accepted (docs/fuzzing.md, finding 2).
+constexpr std::size_t kMaxIdHoles = std::size_t{1} << 16;
+
+/// A tokenizer.json nests about 6 levels deep. nlohmann_json parses and destroys values
+/// without recursion, but dump() (quoted in error messages) and comparisons recurse: a
+/// hostile `"decoder": [[[[...]]]]` 200k levels deep overflowed the stack while the error
+/// was being written (found with fuzz_tokenizer_json's harness; docs/fuzzing.md). Deeper
+/// documents are refused before parsing.
+constexpr int kMaxJsonDepth = 64;
+
+/// Where `text` first nests deeper than kMaxJsonDepth (brackets outside strings), or npos.
+std::size_t too_deep(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -452,8 +488,16 @@ void BpeTokenizer::Impl::load_post_processor(const json& pp, const std::string& 
       w.fail(path + ".special_tokens", "has no entry \"" + name + "\" used by " + ip);
     const json& ids = w.member(specials[name], path + ".special_tokens." + name, "ids");
     if (!ids.is_array()) w.fail(path + ".special_tokens." + name + ".ids", "expected an array");
-    for (const json& v : ids)
-      (seen_sequence ? suffix : prefix).push_back(w.id(v, path + ".special_tokens." + name));
+    for (const json& v : ids) {
+      // The template's ids are emitted as they are: each must be a token (found by
+      // fuzz_tokenizer_json: an id in a hole of the vocabulary made encode() return ids
+      // that decode() refuses and that index no embedding row).
+      const TokenId id = w.id(v, path + ".special_tokens." + name);
+      if (static_cast<std::size_t>(id) >= id_kind.size() || id_kind[id] == 0)
+        w.fail(path + ".special_tokens." + name + ".ids",
+               "id " + std::to_string(id) + " is not a token of model.vocab or added_tokens");
+      (seen_sequence ? suffix : prefix).push_back(id);
+    }
   }
 }
 
@@ -508,6 +552,11 @@ void BpeTokenizer::Impl::load(const json& j, const Where& w, const json* config)
                       w.id(w.member((*added)[i], "added_tokens[" + std::to_string(i) + "]", "id"),
                            "added_tokens[" + std::to_string(i) + "].id"));
   if (max_id < 0) w.fail("model.vocab", "is empty");
+  if (static_cast<std::size_t>(max_id) >= vocab_ids.size() + added->size() + kMaxIdHoles)
+    w.fail("model.vocab", "ids reach " + std::to_string(max_id) + " but the file defines only " +
+                              std::to_string(vocab_ids.size() + added->size()) +
+                              " tokens: more than " + std::to_string(kMaxIdHoles) +
+                              " unused ids is not a real vocabulary");
   id_text.assign(static_cast<std::size_t>(max_id) + 1, std::string());
   id_kind.assign(static_cast<std::size_t>(max_id) + 1, 0);
   id_of_bytes.reserve(vocab_ids.size());
@@ -633,6 +682,12 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(std::string_view text,
                                                       const std::string& origin,
                                                       std::string_view config_text) {
   const Where w(origin);
+  if (const std::size_t at = too_deep(text); at != std::string_view::npos)
+    throw Error("tokenizer file '" + origin + "': nests deeper than " +
+                std::to_string(kMaxJsonDepth) + " levels at byte offset " + std::to_string(at));
+  if (const std::size_t at = too_deep(config_text); at != std::string_view::npos)
+    throw Error("tokenizer_config.json next to '" + origin + "': nests deeper than " +
+                std::to_string(kMaxJsonDepth) + " levels at byte offset " + std::to_string(at));
   json j, config;
   try {
     j = json::parse(text.begin(), text.end());

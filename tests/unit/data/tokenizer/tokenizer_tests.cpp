@@ -407,4 +407,34 @@ TEST_F(MalformedTokenizer, BadTemplate) {
                {"post_processor.special_tokens", "\"<s>\""});
 }
 
+// Found by fuzz_tokenizer_json (docs/fuzzing.md): a template id that is no token made
+// encode(add_special) return ids that decode() refuses.
+TEST_F(MalformedTokenizer, TemplateIdNotAToken) {
+  expect_error(tiny_with([](auto& j) {
+                 j["post_processor"] = nlohmann::json::parse(
+                     R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+                         {"Sequence": {"id": "A"}}], "pair": [],
+                         "special_tokens": {"<s>": {"id": "<s>", "ids": [603]}}})");
+               }),
+               {"post_processor.special_tokens.<s>.ids", "id 603 is not a token"});
+}
+
+// Found with fuzz_tokenizer_json's harness: a 200k-deep array where an object was expected
+// overflowed the stack when the error message quoted it (json::dump recurses). Refused
+// before parsing; brackets inside strings do not count.
+TEST_F(MalformedTokenizer, NestingTooDeep) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  expect_error(R"({"added_tokens": [], "decoder": )" + deep + "}", {"nests deeper than 64"});
+  const std::string msg = error_of([] {
+    BpeTokenizer::from_json(R"({"x": ")" + std::string(1000, '[') + R"("})", "in-string");
+  });
+  EXPECT_EQ(msg.find("nests deeper"), std::string::npos) << msg;
+}
+
+// Found by fuzz_tokenizer_json: one huge id sized the id table (2e9 entries, out of memory).
+TEST_F(MalformedTokenizer, HugeIdRefusedBeforeAllocating) {
+  expect_error(tiny_with([](auto& j) { j["model"]["vocab"]["zzz"] = 2000000000; }),
+               {"model.vocab", "ids reach 2000000000", "unused ids"});
+}
+
 }  // namespace
