@@ -45,8 +45,14 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/manifest.hpp"
 #include "data/dataset/hdf5_lock.hpp"
+#include "h5_generator.hpp"
 
 namespace {
+
+using dst::fuzz::GiveUp;
+using dst::fuzz::Id;
+using dst::fuzz::need;
+using dst::fuzz::need_ok;
 
 namespace fs = std::filesystem;
 using dst::ckpt::CheckpointError;
@@ -67,51 +73,6 @@ constexpr std::uint64_t kMaxFuzzElements = std::uint64_t{1} << 20;
   std::fprintf(stderr, "fuzz_checkpoint: property violated: %s\n", what.c_str());
   std::abort();
 }
-
-struct GiveUp {};
-hid_t need(hid_t id) {
-  if (id < 0) throw GiveUp{};
-  return id;
-}
-void need_ok(herr_t rc) {
-  if (rc < 0) throw GiveUp{};
-}
-
-/// Closes an identifier the generator made at scope exit.
-struct Id {
-  hid_t id = H5I_INVALID_HID;
-  explicit Id(hid_t i) : id(i) {}
-  ~Id() {
-    if (id < 0) return;
-    switch (H5Iget_type(id)) {
-      case H5I_FILE:
-        H5Fclose(id);
-        break;
-      case H5I_GROUP:
-        H5Gclose(id);
-        break;
-      case H5I_DATASET:
-        H5Dclose(id);
-        break;
-      case H5I_DATASPACE:
-        H5Sclose(id);
-        break;
-      case H5I_ATTR:
-        H5Aclose(id);
-        break;
-      case H5I_DATATYPE:
-        H5Tclose(id);
-        break;
-      case H5I_GENPROP_LST:
-        H5Pclose(id);
-        break;
-      default:
-        break;
-    }
-  }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-};
 
 /// A mutation index in [0, mutations), or -1 (the used-up input's choice: no mutation).
 int choice(FuzzedDataProvider& p, int mutations, int good_weight) {

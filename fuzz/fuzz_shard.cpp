@@ -47,8 +47,14 @@
 #include "data/dataset/hdf5_lock.hpp"
 #include "data/dataset/shard_format.hpp"
 #include "data/dataset/token_dataset.hpp"
+#include "h5_generator.hpp"
 
 namespace {
+
+using dst::fuzz::GiveUp;
+using dst::fuzz::Id;
+using dst::fuzz::need;
+using dst::fuzz::need_ok;
 
 using dst::data::DatasetError;
 
@@ -65,53 +71,6 @@ bool g_verbose = false;  // DSTRAIN_FUZZ_VERBOSE: say why each input was refused
 constexpr int kMaxDocs = 16;
 constexpr int kMaxDocLen = 48;
 constexpr hsize_t kMaxWritten = 4096;
-
-/// Closes an identifier the generator made (of whatever kind) at scope exit.
-struct Id {
-  hid_t id = H5I_INVALID_HID;
-  explicit Id(hid_t i) : id(i) {}
-  ~Id() {
-    if (id < 0) return;
-    switch (H5Iget_type(id)) {
-      case H5I_FILE:
-        H5Fclose(id);
-        break;
-      case H5I_GROUP:
-        H5Gclose(id);
-        break;
-      case H5I_DATASET:
-        H5Dclose(id);
-        break;
-      case H5I_DATASPACE:
-        H5Sclose(id);
-        break;
-      case H5I_ATTR:
-        H5Aclose(id);
-        break;
-      case H5I_DATATYPE:
-        H5Tclose(id);
-        break;
-      case H5I_GENPROP_LST:
-        H5Pclose(id);
-        break;
-      default:
-        break;
-    }
-  }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  bool ok() const { return id >= 0; }
-};
-
-// The generator gives up on an input whose choices HDF5 itself refuses to write.
-struct GiveUp {};
-hid_t need(hid_t id) {
-  if (id < 0) throw GiveUp{};
-  return id;
-}
-void need_ok(herr_t rc) {
-  if (rc < 0) throw GiveUp{};
-}
 
 /// A mutation index in [0, mutations), or -1 for the correct choice (weight good_weight).
 /// FuzzedDataProvider gives 0 when the input is used up, and 0 is the correct choice: the

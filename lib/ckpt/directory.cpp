@@ -15,6 +15,7 @@
 #include "ckpt/detail/format.hpp"
 #include "ckpt/detail/h5.hpp"
 #include "ckpt/detail/partition.hpp"
+#include "ckpt/detail/timing.hpp"
 #include "ckpt/manifest.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
@@ -25,22 +26,13 @@ namespace dst::ckpt {
 namespace fs = std::filesystem;
 using detail::Bounded;
 using detail::capture;
+using detail::Clock;
 using detail::H5Id;
+using detail::numel;
+using detail::seconds_since;
 using Kind = CheckpointError::Kind;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::uint64_t numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t n = 1;
-  for (auto d : shape)
-    n *= static_cast<std::uint64_t>(d);
-  return n;
-}
 
 /// What a caller could get wrong, checked before anything touches the disk.
 void validate(const Metadata& meta, const std::vector<TensorRef>& tensors,

@@ -13,6 +13,7 @@
 #include "ckpt/detail/format.hpp"
 #include "ckpt/detail/h5.hpp"
 #include "ckpt/detail/partition.hpp"
+#include "ckpt/detail/timing.hpp"
 #include "ckpt/manifest.hpp"
 #include "data/dataset/hdf5_lock.hpp"
 
@@ -20,15 +21,13 @@ namespace dst::ckpt {
 
 using detail::Bounded;
 using detail::capture;
+using detail::Clock;
 using detail::H5Id;
+using detail::numel;
+using detail::seconds_since;
 using Kind = CheckpointError::Kind;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::ostringstream os;
@@ -37,13 +36,6 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
     os << (i ? ", " : "") << shape[i];
   os << "]";
   return os.str();
-}
-
-std::uint64_t numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t n = 1;
-  for (auto d : shape)
-    n *= static_cast<std::uint64_t>(d);
-  return n;
 }
 
 /// The element count of `dims`, or nullopt when the product overflows 64 bits.

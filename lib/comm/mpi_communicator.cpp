@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/op_info.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
@@ -56,52 +57,6 @@ MPI_Op mpi_op(ReduceOp op) {
 
 namespace {
 
-enum class OpKind { allreduce, reduce_scatter, allgather, broadcast, barrier };
-
-/// What a collective is, kept so that its description is only built when a message needs
-/// it (a timeout, an error): the common path formats nothing and allocates only the
-/// request itself (the group name fits std::string's small buffer).
-struct OpInfo {
-  OpKind kind = OpKind::barrier;
-  ReduceOp op = ReduceOp::sum;
-  std::size_t count = 0;  ///< elements per rank in the operation's own terms (see describe)
-  DType type = DType::u8;
-  int root = 0;
-};
-
-std::string describe_op(const OpInfo& info, const std::string& group, int group_size) {
-  std::ostringstream os;
-  const auto elements = [&](std::size_t n) {
-    os << n << " x " << dtype_name(info.type) << " (" << n * dtype_size(info.type) << " B)";
-  };
-  os << "comm: ";
-  switch (info.kind) {
-    case OpKind::allreduce:
-      os << "allreduce(" << reduce_op_name(info.op) << ") of ";
-      elements(info.count);
-      break;
-    case OpKind::reduce_scatter:
-      os << "reduce_scatter(" << reduce_op_name(info.op) << ") of ";
-      elements(info.count * static_cast<std::size_t>(group_size));
-      os << ", " << info.count << " per rank,";
-      break;
-    case OpKind::allgather:
-      os << "allgather of ";
-      elements(info.count);
-      os << " per rank";
-      break;
-    case OpKind::broadcast:
-      os << "broadcast from rank " << info.root << " of ";
-      elements(info.count);
-      break;
-    case OpKind::barrier:
-      os << "barrier";
-      break;
-  }
-  os << " on group '" << group << "' (" << group_size << (group_size == 1 ? " rank)" : " ranks)");
-  return os.str();
-}
-
 class MpiRequest final : public Request::Impl {
  public:
   MpiRequest(const OpInfo& info, const std::string& group, int group_size, double timeout_s)
@@ -123,7 +78,7 @@ class MpiRequest final : public Request::Impl {
     runtime::wait_with_deadline(request_, timeout_s, [this] { return describe(); });
     finished();
   }
-  std::string describe() const override { return describe_op(info_, group_, group_size_); }
+  std::string describe() const override { return describe_op("comm", info_, group_, group_size_); }
 
  private:
   MPI_Request request_ = MPI_REQUEST_NULL;
@@ -167,18 +122,6 @@ Request start_request(std::unique_ptr<MpiRequest> request, Start&& start) {
 }  // namespace
 }  // namespace detail
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::min:
-      return "min";
-  }
-  return "?";
-}
-
 MpiCommunicator::MpiCommunicator(MPI_Comm parent, std::string name, double timeout_s)
     : name_(std::move(name)), timeout_s_(timeout_s) {
   if (parent == MPI_COMM_NULL)
@@ -207,7 +150,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 Request MpiCommunicator::iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) {
-  detail::OpInfo info{detail::OpKind::allreduce, op, count, type, 0};
+  OpInfo info{OpKind::allreduce, op, count, type, 0};
   auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
   return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
     const MPI_Datatype dt = detail::mpi_datatype(type, true, r.describe());
@@ -218,7 +161,7 @@ Request MpiCommunicator::iallreduce(void* buf, std::size_t count, DType type, Re
 
 Request MpiCommunicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
                                          DType type, ReduceOp op) {
-  detail::OpInfo info{detail::OpKind::reduce_scatter, op, recv_count, type, 0};
+  OpInfo info{OpKind::reduce_scatter, op, recv_count, type, 0};
   auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
   return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
     const MPI_Datatype dt = detail::mpi_datatype(type, true, r.describe());
@@ -232,7 +175,7 @@ Request MpiCommunicator::ireduce_scatter(const void* send, void* recv, std::size
 
 Request MpiCommunicator::iallgather(const void* send, void* recv, std::size_t send_count,
                                     DType type) {
-  detail::OpInfo info{detail::OpKind::allgather, ReduceOp::sum, send_count, type, 0};
+  OpInfo info{OpKind::allgather, ReduceOp::sum, send_count, type, 0};
   auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
   return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
     const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
@@ -242,7 +185,7 @@ Request MpiCommunicator::iallgather(const void* send, void* recv, std::size_t se
 }
 
 Request MpiCommunicator::ibroadcast(void* buf, std::size_t count, DType type, int root) {
-  detail::OpInfo info{detail::OpKind::broadcast, ReduceOp::sum, count, type, root};
+  OpInfo info{OpKind::broadcast, ReduceOp::sum, count, type, root};
   auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
   return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
     if (root < 0 || root >= size_)
@@ -253,7 +196,7 @@ Request MpiCommunicator::ibroadcast(void* buf, std::size_t count, DType type, in
 }
 
 Request MpiCommunicator::ibarrier() {
-  detail::OpInfo info{detail::OpKind::barrier, ReduceOp::sum, 0, DType::u8, 0};
+  OpInfo info{OpKind::barrier, ReduceOp::sum, 0, DType::u8, 0};
   auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
   return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
     DST_MPI_CHECK(MPI_Ibarrier(comm_, r.handle()));

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/op_info.hpp"  // reduce_op_name
 
 namespace dst::comm {
 
@@ -68,9 +69,6 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string n
 /// The MPI communicator under `comm`; throws dst::Error if `comm` is not an
 /// MpiCommunicator (e.g. an NCCL one).
 MPI_Comm mpi_comm_of(const Communicator& comm);
-
-/// Short name of a reduction: "sum", "max", "min".
-const char* reduce_op_name(ReduceOp op);
 
 namespace detail {
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <utility>
 
-#include "comm/mpi_communicator.hpp"  // reduce_op_name
 #include "comm/nccl_bootstrap.hpp"
+#include "comm/op_info.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
@@ -83,49 +83,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw Error("comm: unknown reduction");
 }
 
-enum class OpKind { allreduce, reduce_scatter, allgather, broadcast, barrier };
-
-struct OpInfo {
-  OpKind kind = OpKind::barrier;
-  ReduceOp op = ReduceOp::sum;
-  std::size_t count = 0;  ///< elements per rank in the operation's own terms
-  DType type = DType::u8;
-  int root = 0;
-};
-
-std::string describe_op(const OpInfo& info, const std::string& group, int group_size) {
-  std::ostringstream os;
-  const auto elements = [&](std::size_t n) {
-    os << n << " x " << dtype_name(info.type) << " (" << n * dtype_size(info.type) << " B)";
-  };
-  os << "nccl: ";
-  switch (info.kind) {
-    case OpKind::allreduce:
-      os << "allreduce(" << reduce_op_name(info.op) << ") of ";
-      elements(info.count);
-      break;
-    case OpKind::reduce_scatter:
-      os << "reduce_scatter(" << reduce_op_name(info.op) << ") of ";
-      elements(info.count * static_cast<std::size_t>(group_size));
-      os << ", " << info.count << " per rank,";
-      break;
-    case OpKind::allgather:
-      os << "allgather of ";
-      elements(info.count);
-      os << " per rank";
-      break;
-    case OpKind::broadcast:
-      os << "broadcast from rank " << info.root << " of ";
-      elements(info.count);
-      break;
-    case OpKind::barrier:
-      os << "barrier";
-      break;
-  }
-  os << " on group '" << group << "' (" << group_size << (group_size == 1 ? " rank)" : " ranks)");
-  return os.str();
-}
-
 /// ncclCommGetAsyncError as a probe: ready once the communicator has no operation being
 /// issued (ncclSuccess), pending while ncclInProgress, an error otherwise.
 ProbeResult probe_async_state(ncclComm_t comm) {
@@ -173,7 +130,9 @@ class NcclRequest final : public Request::Impl {
                         [this] { comm_.abort(); });
     finished();
   }
-  std::string describe() const override { return describe_op(info_, comm_.name(), comm_.size()); }
+  std::string describe() const override {
+    return describe_op("nccl", info_, comm_.name(), comm_.size());
+  }
 
  private:
   ProbeResult probe() {
@@ -300,7 +259,7 @@ void NcclCommunicator::enqueue(const std::function<std::string()>& describe,
 
 Request NcclCommunicator::iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) {
   const OpInfo info{OpKind::allreduce, op, count, type, 0};
-  const auto describe = [&] { return describe_op(info, name_, size_); };
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
   check_usable(describe);
   const ncclDataType_t dt = nccl_type(type);
   auto request = std::make_unique<NcclRequest>(*this, info);
@@ -316,7 +275,7 @@ Request NcclCommunicator::iallreduce(void* buf, std::size_t count, DType type, R
 Request NcclCommunicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
                                           DType type, ReduceOp op) {
   const OpInfo info{OpKind::reduce_scatter, op, recv_count, type, 0};
-  const auto describe = [&] { return describe_op(info, name_, size_); };
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
   check_usable(describe);
   const ncclDataType_t dt = nccl_type(type);
   const std::size_t block_bytes = recv_count * dtype_size(type);
@@ -344,7 +303,7 @@ Request NcclCommunicator::ireduce_scatter(const void* send, void* recv, std::siz
 Request NcclCommunicator::iallgather(const void* send, void* recv, std::size_t send_count,
                                      DType type) {
   const OpInfo info{OpKind::allgather, ReduceOp::sum, send_count, type, 0};
-  const auto describe = [&] { return describe_op(info, name_, size_); };
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
   check_usable(describe);
   const ncclDataType_t dt = nccl_type(type);
   auto request = std::make_unique<NcclRequest>(*this, info);
@@ -357,7 +316,7 @@ Request NcclCommunicator::iallgather(const void* send, void* recv, std::size_t s
 
 Request NcclCommunicator::ibroadcast(void* buf, std::size_t count, DType type, int root) {
   const OpInfo info{OpKind::broadcast, ReduceOp::sum, count, type, root};
-  const auto describe = [&] { return describe_op(info, name_, size_); };
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
   check_usable(describe);
   if (root < 0 || root >= size_)
     throw Error(describe() + ": root " + std::to_string(root) + " is not a rank of the group");
@@ -372,7 +331,7 @@ Request NcclCommunicator::ibroadcast(void* buf, std::size_t count, DType type, i
 
 Request NcclCommunicator::ibarrier() {
   const OpInfo info{OpKind::barrier, ReduceOp::sum, 0, DType::f32, 0};
-  const auto describe = [&] { return describe_op(info, name_, size_); };
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
   check_usable(describe);
   // NCCL has no barrier: an allreduce completes on a rank only once every rank joined.
   // The compute-stream wait in enqueue() is harmless here (the word is ours).

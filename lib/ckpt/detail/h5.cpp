@@ -11,38 +11,6 @@ namespace dst::ckpt::detail {
 
 namespace {
 
-// The innermost entry of HDF5's error stack says most ("file signature not found").
-herr_t innermost_error(unsigned n, const H5E_error2_t* err, void* out) {
-  if (n != 0) return 0;
-  auto& text = *static_cast<std::string*>(out);
-  char minor[256] = {0};
-  if (H5Eget_msg(err->min_num, nullptr, minor, sizeof minor) < 0) minor[0] = '\0';
-  text = minor;
-  if (err->desc != nullptr && err->desc[0] != '\0') text += std::string(" (") + err->desc + ")";
-  return 0;
-}
-
-herr_t close_id(hid_t id) {
-  switch (H5Iget_type(id)) {
-    case H5I_FILE:
-      return H5Fclose(id);
-    case H5I_DATASET:
-      return H5Dclose(id);
-    case H5I_DATASPACE:
-      return H5Sclose(id);
-    case H5I_ATTR:
-      return H5Aclose(id);
-    case H5I_DATATYPE:
-      return H5Tclose(id);
-    case H5I_GENPROP_LST:
-      return H5Pclose(id);
-    case H5I_GROUP:
-      return H5Gclose(id);
-    default:
-      return H5Idec_ref(id);
-  }
-}
-
 [[noreturn]] void missing_attr(const char* name, const std::string& where) {
   throw CheckpointError(
       CheckpointError::Kind::format,
@@ -72,36 +40,8 @@ void read_scalar_attr(hid_t obj, const char* name, hid_t mem_type, void* v,
 }  // namespace
 
 void throw_h5_error(const char* call, const std::string& where, const char* file, int line) {
-  std::string detail;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &detail);
-  H5Eclear2(H5E_DEFAULT);
-  std::ostringstream os;
-  os << where << ": HDF5 call failed: " << call;
-  if (!detail.empty()) os << ": " << detail;
-  os << " [" << file << ":" << line << "]";
-  throw CheckpointError(CheckpointError::Kind::io, os.str());
-}
-
-H5Id& H5Id::operator=(H5Id&& o) noexcept {
-  if (this != &o) {
-    reset();
-    id_ = o.id_;
-    o.id_ = H5I_INVALID_HID;
-  }
-  return *this;
-}
-
-void H5Id::reset() noexcept {
-  if (id_ >= 0) {
-    if (close_id(id_) < 0) H5Eclear2(H5E_DEFAULT);
-    id_ = H5I_INVALID_HID;
-  }
-}
-
-void H5Id::close_checked(const std::string& where) {
-  if (id_ < 0) return;
-  const hid_t id = release();
-  DST_CKPT_H5(close_id(id), where);
+  throw CheckpointError(CheckpointError::Kind::io,
+                        data::detail::h5_error_message(call, where, file, line));
 }
 
 H5Id make_mpio_fapl(MPI_Comm comm, const IoOptions& io, const std::string& where) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.hpp"
+#include "data/dataset/detail/h5.hpp"
 
 namespace dst::ckpt::detail {
 
@@ -25,32 +26,10 @@ T h5_check(T rc, const char* call, const std::string& where, const char* file, i
   return rc;
 }
 
-/// An owning HDF5 identifier, closed with the matching H5?close. Move-only.
-class H5Id {
- public:
-  H5Id() = default;
-  explicit H5Id(hid_t id) : id_(id) {}
-  H5Id(H5Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
-  H5Id& operator=(H5Id&& o) noexcept;
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  ~H5Id() { reset(); }
-
-  hid_t get() const { return id_; }
-  /// Gives up ownership.
-  hid_t release() {
-    const hid_t id = id_;
-    id_ = H5I_INVALID_HID;
-    return id;
-  }
-  /// Closes, ignoring errors (destructors and error paths).
-  void reset() noexcept;
-  /// Closes and throws if closing fails (closing a file flushes it).
-  void close_checked(const std::string& where);
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-};
+/// An owning HDF5 identifier (the dataset layer's handle: one implementation for every
+/// HDF5 user). Its close_checked() throws DatasetError, which capture() turns into
+/// CheckpointError(io) with the same text.
+using H5Id = data::detail::H5Handle;
 
 /// A file access list for the MPI-IO driver on `comm` with `io`'s alignment and hints,
 /// and collective metadata reads and writes (one rank touches the metadata and shares

@@ -14,6 +14,15 @@
 namespace dst::ckpt::detail {
 
 /// Rows [begin, end) of a tensor.
+/// Elements of a tensor of `shape` (1 for a scalar). Shapes come from the caller or from a
+/// file whose extents list_tensors() has checked against the stored bytes.
+inline std::uint64_t numel(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (const auto d : shape)
+    n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
 struct RowRange {
   std::uint64_t begin = 0, end = 0;
   std::uint64_t rows() const { return end - begin; }

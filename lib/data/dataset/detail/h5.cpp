@@ -44,7 +44,8 @@ herr_t innermost_error(unsigned n, const H5E_error2_t* err, void* out) {
 
 }  // namespace
 
-void throw_h5_error(const char* call, const std::string& where, const char* file, int line) {
+std::string h5_error_message(const char* call, const std::string& where, const char* file,
+                             int line) {
   std::string detail;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &detail);
   H5Eclear2(H5E_DEFAULT);
@@ -52,7 +53,11 @@ void throw_h5_error(const char* call, const std::string& where, const char* file
   os << where << ": HDF5 call failed: " << call;
   if (!detail.empty()) os << ": " << detail;
   os << " [" << file << ":" << line << "]";
-  throw DatasetError(os.str());
+  return os.str();
+}
+
+void throw_h5_error(const char* call, const std::string& where, const char* file, int line) {
+  throw DatasetError(h5_error_message(call, where, file, line));
 }
 
 H5Handle& H5Handle::operator=(H5Handle&& o) noexcept {

@@ -10,8 +10,12 @@
 
 namespace dst::data::detail {
 
-/// Throws DatasetError "<where>: HDF5 call failed: <call>: <HDF5's innermost error>
-/// [file:line]" and clears HDF5's error stack.
+/// "<where>: HDF5 call failed: <call>: <HDF5's innermost error> [file:line]", and clears
+/// HDF5's error stack. The text of every HDF5 failure (the checkpoint layer's too).
+std::string h5_error_message(const char* call, const std::string& where, const char* file,
+                             int line);
+
+/// Throws DatasetError(h5_error_message(...)).
 [[noreturn]] void throw_h5_error(const char* call, const std::string& where, const char* file,
                                  int line);
 
@@ -37,6 +41,12 @@ class H5Handle {
 
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  /// Gives up ownership.
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
   /// Closes the identifier, ignoring errors (destructors and error paths).
   void reset() noexcept;
   /// Closes the identifier and throws if closing fails (a file's close flushes it).
