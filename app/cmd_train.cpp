@@ -246,6 +246,12 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                    : std::string()));
   else if (cfg.checkpoint.resume == "auto")
     log::info("no checkpoint in " + checkpoints.path() + ": starting at step 1");
+  else if (const auto old = checkpoints.committed(); root && !old.empty())
+    log::warn("checkpoint.resume is none, but " + checkpoints.path() + " holds " +
+              std::to_string(old.size()) + (old.size() == 1 ? " checkpoint" : " checkpoints") +
+              " of an earlier run (newest " + old.front() +
+              "): this run replaces those of the same steps, the others count toward "
+              "checkpoint.keep_last; use another run.output_dir to keep runs apart");
   const std::int64_t max_steps = cfg.training.max_steps;
   // training.stop_at_step ends this process early; the schedule still runs to max_steps.
   const std::int64_t last_step =
