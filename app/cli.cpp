@@ -26,10 +26,10 @@ double parse_positive(const std::string& flag, const std::string& value) {
   return v;
 }
 
-/// `dstrain prep` options from args[i..]. Usage errors only: files are checked by prep.
-void parse_prep(const std::vector<std::string>& given, std::size_t first, Command& cmd) {
-  PrepCommandOptions& p = cmd.prep;
-  std::vector<std::string> args;  // --flag=value split into --flag value
+/// given[first..] with every "--flag=value" split into "--flag", "value".
+std::vector<std::string> split_flag_values(const std::vector<std::string>& given,
+                                           std::size_t first) {
+  std::vector<std::string> args;
   for (std::size_t k = first; k < given.size(); ++k) {
     const std::string& g = given[k];
     const auto eq = g.find('=');
@@ -40,6 +40,13 @@ void parse_prep(const std::vector<std::string>& given, std::size_t first, Comman
       args.push_back(g);
     }
   }
+  return args;
+}
+
+/// `dstrain prep` options from args[i..]. Usage errors only: files are checked by prep.
+void parse_prep(const std::vector<std::string>& given, std::size_t first, Command& cmd) {
+  PrepCommandOptions& p = cmd.prep;
+  const std::vector<std::string> args = split_flag_values(given, first);
   std::size_t i = 0;
   auto value_of = [&](const std::string& flag) -> std::string {
     if (i >= args.size()) throw UsageError("prep: " + flag + " needs a value");
@@ -144,17 +151,7 @@ void parse_prep(const std::vector<std::string>& given, std::size_t first, Comman
 /// the subcommand's flags (--flag value or --flag=value).
 void parse_tool(const std::vector<std::string>& given, std::size_t first, const std::string& sub,
                 Command& cmd) {
-  std::vector<std::string> args;
-  for (std::size_t k = first; k < given.size(); ++k) {
-    const std::string& g = given[k];
-    const auto eq = g.find('=');
-    if (g.compare(0, 2, "--") == 0 && eq != std::string::npos) {
-      args.push_back(g.substr(0, eq));
-      args.push_back(g.substr(eq + 1));
-    } else {
-      args.push_back(g);
-    }
-  }
+  const std::vector<std::string> args = split_flag_values(given, first);
   std::size_t i = 0;
   auto value_of = [&](const std::string& flag) -> std::string {
     if (i >= args.size()) throw UsageError(sub + ": " + flag + " needs a value");

@@ -62,10 +62,10 @@ ResumeOutcome load(Trainer& trainer, const std::string& file, const config::RunC
     throw CollectiveError("cannot resume from '" + file + "': it was trained on tokenizer " +
                               meta.tokenizer_name + ", this run's data uses " + tokenizer_name,
                           kExitDeck);
-  if (meta.global_batch_size != trainer.checkpoint_metadata().global_batch_size)
+  const std::int64_t batch = trainer.checkpoint_metadata().global_batch_size;
+  if (meta.global_batch_size != batch)
     out.notes.push_back("the global batch changes from " + std::to_string(meta.global_batch_size) +
-                        " to " + std::to_string(trainer.checkpoint_metadata().global_batch_size) +
-                        " sequences per step");
+                        " to " + std::to_string(batch) + " sequences per step");
   if (meta.world_size != world.size())
     out.notes.push_back("resharded: saved by " + std::to_string(meta.world_size) +
                         " ranks, resumed on " + std::to_string(world.size()));

@@ -346,7 +346,14 @@ def mode_deck(c):
     if "[rank 0] error" not in out or "Segmentation" in out:
         print(out)
         fail("expected one clear error")
-    print("incompatible deck: refused with exit 3, listing model.d_model and model.ffn_dim")
+    # checkpoint.resume: none over an earlier run's checkpoints starts afresh and says what
+    # happens to them.
+    out = c.train(1, "run", ["checkpoint.resume=none", "training.stop_at_step=1"])
+    if "checkpoint.resume is none, but" not in out or "step-10.h5" not in out:
+        print(out)
+        fail("resume: none over existing checkpoints should warn and name them")
+    print("incompatible deck: refused with exit 3, listing model.d_model and model.ffn_dim; "
+          "resume none warns about the earlier run's checkpoints")
 
 
 def main():
