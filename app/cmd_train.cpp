@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "blas/host_blas.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
@@ -312,10 +313,10 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
             std::to_string(layout.grad_accum_steps) + " accumulation x " +
             std::to_string(layout.data) + " data ranks) = " +
             std::to_string(layout.global_batch_size * cfg.data.seq_len) + " tokens per step");
-  char peak_line[128];
+  char peak_line[160];
   std::snprintf(peak_line, sizeof peak_line,
-                "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3) x %d ranks", peak,
-                rt.size());
+                "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3, %s kernels) x %d ranks",
+                peak, blas::host_blas().kernels.c_str(), rt.size());
   log::info(peak_line);
   if (cfg.training.precision != "fp32")
     log::info("precision: " + cfg.training.precision +

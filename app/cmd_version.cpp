@@ -1,7 +1,6 @@
-#include <cblas.h>
-
 #include <cstdio>
 
+#include "blas/host_blas.hpp"
 #include "commands.hpp"
 #include "core/version.hpp"
 #include "runtime/runtime.hpp"
@@ -13,7 +12,7 @@ int run_version() {
   for (const auto& [name, version] : runtime::library_versions())
     std::printf("  %-10s %s\n", name.c_str(), version.c_str());
   std::printf("  %-10s %s\n", "yaml-cpp", core::yaml_cpp_version().c_str());
-  std::printf("  %-10s %s\n", "OpenBLAS", openblas_get_config());
+  std::printf("  %-10s %s\n", "OpenBLAS", blas::host_blas().describe().c_str());
   std::printf("  %-10s %s\n", "back ends",
               core::built_with_cuda() ? (core::built_with_nccl() ? "kokkos, cuda; comm mpi, nccl"
                                                                  : "kokkos, cuda; comm mpi")

@@ -4,6 +4,7 @@
 #include <exception>
 #include <string_view>
 
+#include "blas/host_blas.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
@@ -48,6 +49,8 @@ int run_parallel(int& argc, char**& argv, const dst::app::Command& cmd, Body bod
 
 int main(int argc, char** argv) {
   using namespace dst;
+  // First of all: it may start this program again with other OpenBLAS kernels.
+  blas::select_host_kernels(argv);
   // Before MPI is up, the launcher's environment tells which rank we are, so usage errors
   // under `mpirun -np 8` are printed once (by rank 0), not eight times.
   // `tokenize` is a plain filter (stdin to stdout): no MPI, no Kokkos.

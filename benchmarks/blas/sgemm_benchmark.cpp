@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "blas/gemm.hpp"
+#include "blas/host_blas.hpp"
 
 namespace {
 
@@ -85,23 +86,18 @@ BENCHMARK(BM_sgemm)
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The kernels dstrain itself runs with (blas/host_blas.hpp): about 5x between OpenBLAS's
+  // SSE3 and AVX-512 SGEMM, so the peak is only the run's peak with the same choice.
+  dst::blas::select_host_kernels(argv);
   // One thread: the MFU peak is per core (see the file comment).
   openblas_set_num_threads(1);
   benchmark::AddCustomContext("openblas_threads",
                               std::to_string(openblas_get_num_threads()) +
                                   " (openblas_set_num_threads(1): single-thread SGEMM peak)");
-  benchmark::AddCustomContext("openblas_config", openblas_get_config());
-  // The kernel decides the figure (about 5x between SSE3 and AVX-512 SGEMM). OpenBLAS
-  // 0.3.21's DYNAMIC_ARCH falls back to Prescott (SSE3) on CPUs it does not recognise,
-  // e.g. some virtualised Sapphire Rapids; OPENBLAS_CORETYPE, read at load time, overrides.
-  const std::string core = openblas_get_corename();
-  benchmark::AddCustomContext("openblas_core", core);
-  if ((core == "Prescott" || core == "Core2" || core == "Nehalem") &&
-      __builtin_cpu_supports("avx2"))
-    benchmark::AddCustomContext("openblas_warning",
-                                "OpenBLAS runs its " + core +
-                                    " kernel on an AVX2/AVX-512 CPU; this is not the CPU's peak. "
-                                    "Set OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2)");
+  const dst::blas::HostBlas blas = dst::blas::host_blas();
+  benchmark::AddCustomContext("openblas_config", blas.config);
+  benchmark::AddCustomContext("openblas_core", blas.kernels);
+  if (!blas.detected.empty()) benchmark::AddCustomContext("openblas_detected", blas.detected);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

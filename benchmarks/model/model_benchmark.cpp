@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "blas/gemm.hpp"
+#include "blas/host_blas.hpp"
 #include "config/deck.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
@@ -74,7 +75,8 @@ BENCHMARK(BM_forward_backward_tiny)->Arg(8)->Arg(1)->Unit(benchmark::kMillisecon
 BENCHMARK(BM_forward_backward_small)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 int main(int argc, char** argv) {
-  openblas_set_num_threads(1);  // MFU is per core: one thread for the model and the peak
+  dst::blas::select_host_kernels(argv);  // the kernels dstrain runs with (host_blas.hpp)
+  openblas_set_num_threads(1);           // MFU is per core: one thread for the model and the peak
   Kokkos::ScopeGuard kokkos(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

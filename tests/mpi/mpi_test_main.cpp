@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "blas/host_blas.hpp"
 #include "core/log.hpp"
 
 namespace {
@@ -24,6 +25,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dst::blas::select_host_kernels(argv);  // before MPI: the kernels dstrain itself runs with
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "blas/host_blas.hpp"
 #include "config/deck.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
@@ -48,6 +49,7 @@ void attr(hid_t loc, const char* name, double value) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dst::blas::select_host_kernels(argv);   // the OpenBLAS kernels dstrain runs with
   Kokkos::ScopeGuard kokkos(argc, argv);  // the kernels' back end
   try {
     std::string out;

@@ -1,0 +1,88 @@
+/// \file host_blas.cpp
+/// OpenBLAS kernel selection (host_blas.hpp). The OpenBLAS extension functions are
+/// declared weak, so a build against another CBLAS links and simply reports less.
+#include "blas/host_blas.hpp"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <string_view>
+
+extern "C" {
+char* openblas_get_config(void) __attribute__((weak));
+char* openblas_get_corename(void) __attribute__((weak));
+}
+
+namespace dst::blas {
+namespace {
+
+// Set in the re-executed program: "<family OpenBLAS chose>". Also stops a second
+// re-execution if the override had no effect (a build without DYNAMIC_ARCH).
+constexpr const char* kMark = "DSTRAIN_OPENBLAS_DETECTED";
+
+}  // namespace
+
+bool pre_avx2_family(std::string_view core) {
+  constexpr std::array<std::string_view, 21> kOld{
+      "Prescott",    "Core2",        "Penryn",     "Dunnington", "Nehalem",   "Sandybridge",
+      "Atom",        "Katmai",       "Coppermine", "Northwood",  "Banias",    "Athlon",
+      "Opteron",     "Opteron_SSE3", "Barcelona",  "Bobcat",     "Bulldozer", "Piledriver",
+      "Steamroller", "Excavator",    "Nano"};
+  for (const auto& name : kOld)
+    if (core == name) return true;
+  return false;
+}
+
+namespace {
+
+// The best OpenBLAS 0.3.x family this CPU can run, by instruction set, or nullptr.
+const char* best_family() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return nullptr;
+}
+
+}  // namespace
+
+std::string HostBlas::describe() const {
+  std::string s = config;
+  if (!kernels.empty()) {
+    s += " (" + kernels + " kernels";
+    if (!detected.empty() && detected != kernels)
+      s += "; chosen by dstrain: OpenBLAS detected " + detected +
+           " on this CPU; set OPENBLAS_CORETYPE to override";
+    else if (!detected.empty())
+      s += "; dstrain's OPENBLAS_CORETYPE had no effect: this OpenBLAS has no DYNAMIC_ARCH";
+    s += ")";
+  }
+  return s;
+}
+
+HostBlas host_blas() {
+  HostBlas b;
+  b.config = openblas_get_config ? openblas_get_config() : "unknown CBLAS (not OpenBLAS)";
+  if (openblas_get_corename) b.kernels = openblas_get_corename();
+  if (const char* d = std::getenv(kMark)) b.detected = d;
+  return b;
+}
+
+void select_host_kernels(char** argv) {
+  if (!openblas_get_corename || std::getenv("OPENBLAS_CORETYPE") || std::getenv(kMark)) return;
+  const std::string core = openblas_get_corename();
+  const char* best = best_family();
+  if (!best || !pre_avx2_family(core)) return;
+  if (setenv("OPENBLAS_CORETYPE", best, 1) != 0 || setenv(kMark, core.c_str(), 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  // execv failed (no /proc, say): go on with the library's choice, and say nothing
+  // chose otherwise.
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kMark);
+}
+
+}  // namespace dst::blas
