@@ -11,6 +11,18 @@ endif()
 add_library(dstrain_compile_options INTERFACE)
 target_compile_options(dstrain_compile_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor>)
+# No fused multiply-adds unless the source asks: a contracted a*b+c rounds once instead of
+# twice, so results would change with the instruction set (DSTRAIN_HOST_ARCH) and the
+# portable and native builds would no longer agree bit for bit.
+target_compile_options(dstrain_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
+# The host kernels (Kokkos Serial loops: norms, softmax, SwiGLU, AdamW, ...) vectorise to
+# the width the instruction set allows: AVX-512 with native on this project's machines,
+# SSE2 with the x86-64 default. A native binary runs only on CPUs like the build's.
+if(DSTRAIN_HOST_ARCH)
+  target_compile_options(dstrain_compile_options INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-march=${DSTRAIN_HOST_ARCH}>)
+  message(STATUS "dstrain: host code built with -march=${DSTRAIN_HOST_ARCH}")
+endif()
 if(DSTRAIN_WARNINGS_AS_ERRORS)
   target_compile_options(dstrain_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
 endif()
