@@ -97,6 +97,11 @@ class Communicator {
   /// Deadline applied to every wait, in seconds.
   virtual double timeout_s() const = 0;
   virtual void set_timeout_s(double seconds) = 0;
+  /// True when a second thread may poll (Request::test) this group's requests while the
+  /// thread that owns them starts others: the MPI back end under MPI_THREAD_MULTIPLE.
+  /// A back end whose collectives progress on their own (NCCL's streams) says false: it
+  /// needs no progress thread.
+  virtual bool concurrent_progress() const { return false; }
 
   /// In place: every rank ends with op over all ranks' `buf[0:count)`.
   virtual Request iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) = 0;

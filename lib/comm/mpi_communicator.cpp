@@ -137,6 +137,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent, std::string name, double timeo
   }
 }
 
+bool MpiCommunicator::concurrent_progress() const {
+  int level = MPI_THREAD_SINGLE;
+  DST_MPI_CHECK(MPI_Query_thread(&level));
+  return level == MPI_THREAD_MULTIPLE;
+}
+
 MpiCommunicator::~MpiCommunicator() {
   if (comm_ == MPI_COMM_NULL) return;
   int finalized = 0;

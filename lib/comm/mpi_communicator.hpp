@@ -41,6 +41,7 @@ class MpiCommunicator final : public Communicator {
   double timeout_s() const override { return timeout_s_; }
   /// Applies to collectives started afterwards; a started request keeps its deadline.
   void set_timeout_s(double seconds) override { timeout_s_ = seconds; }
+  bool concurrent_progress() const override;
 
   Request iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) override;
   /// `send` may equal `recv`: MPI_IN_PLACE, the result lands in its first recv_count.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -19,7 +20,50 @@ GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t ele
     end = begin;
   }
   requests_.resize(begins_.size());
-  started_.assign(begins_.size(), false);
+  done_.assign(begins_.size(), false);
+  if (overlap_ && comm_.size() > 1 && comm_.concurrent_progress())
+    progress_ = std::thread([this] { progress_loop(); });
+}
+
+GradBuckets::~GradBuckets() {
+  if (!progress_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  progress_.join();
+}
+
+// Polls the started buckets until wait_all() takes over. Each MPI_Test moves the
+// all-reduce a few shared-memory fragments on; between polls the thread sleeps, so it
+// costs the computing thread little (a poll is a few microseconds; 50 us is about the
+// shortest sleep Linux's default timer slack gives).
+void GradBuckets::progress_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [this] { return stop_ || polling_; });
+    if (stop_) return;
+    bool pending = false;
+    try {
+      for (std::size_t i = 0; i < next_; ++i) {
+        if (!done_[i]) done_[i] = requests_[i].test();
+        pending = pending || !done_[i];
+      }
+    } catch (...) {
+      progress_error_ = std::current_exception();
+      polling_ = false;
+      continue;
+    }
+    // Nothing left in flight: sleep until ready() starts more (or wait_all()).
+    if (!pending) {
+      polling_ = false;
+      continue;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lock.lock();
+  }
 }
 
 void GradBuckets::start(std::size_t i) {
@@ -36,30 +80,56 @@ void GradBuckets::start(std::size_t i) {
     }
   }
   requests_[i] = comm_.iallreduce(grads_ + begins_[i], n, DType::f32, comm::ReduceOp::sum);
-  started_[i] = true;
 }
 
 void GradBuckets::ready(std::size_t offset) {
   if (!overlap_) return;
+  if (progress_.joinable()) {
+    bool started = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (next_ < begins_.size() && begins_[next_] >= offset) {
+        start(next_++);
+        started = true;
+      }
+      if (started) polling_ = true;
+    }
+    if (started) wake_.notify_one();
+    return;
+  }
   while (next_ < begins_.size() && begins_[next_] >= offset)
     start(next_++);
   for (std::size_t i = 0; i < next_; ++i)
-    if (requests_[i].valid()) requests_[i].test();  // drives Open MPI's progress
+    if (!done_[i]) done_[i] = requests_[i].test();  // drives Open MPI's progress
+}
+
+std::size_t GradBuckets::completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<std::size_t>(std::count(done_.begin(), done_.end(), true));
 }
 
 double GradBuckets::wait_all() {
   const auto t0 = std::chrono::steady_clock::now();
+  {
+    // The progress thread stops polling (it holds the lock for the length of one pass);
+    // from here the owner alone touches the requests.
+    std::lock_guard<std::mutex> lock(mutex_);
+    polling_ = false;
+    if (progress_error_) std::rethrow_exception(std::exchange(progress_error_, nullptr));
+  }
   while (next_ < begins_.size())
     start(next_++);
-  for (auto& r : requests_)
-    if (r.valid()) r.wait();
+  for (std::size_t i = 0; i < requests_.size(); ++i) {
+    if (requests_[i].valid()) requests_[i].wait();  // immediate where a poll saw it done
+    done_[i] = true;
+  }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GradBuckets::reset() {
   next_ = 0;
   first_nonfinite_ = -1;
-  std::fill(started_.begin(), started_.end(), false);
+  std::fill(done_.begin(), done_.end(), false);
 }
 
 }  // namespace dst::train

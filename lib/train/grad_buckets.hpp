@@ -3,11 +3,18 @@
 /// Data-parallel gradient all-reduce in buckets: ranges of the flat gradient buffer,
 /// counted from its end (backward finishes the last layers first), each started as a
 /// non-blocking all-reduce (sum) as soon as backward has finished every gradient in it.
-/// Open MPI makes no asynchronous progress, so the backward pass calls poll() between
-/// layers; wait_all() then completes what is left, under the communicator's deadline.
+/// Open MPI makes no asynchronous progress: an all-reduce advances only inside MPI calls
+/// on its rank. Where the communicator allows it (concurrent_progress(): MPI_THREAD_MULTIPLE)
+/// a progress thread polls the buckets in flight while backward computes; otherwise
+/// backward's ready() calls poll them between layers. wait_all() then completes what is
+/// left, under the communicator's deadline.
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -20,17 +27,27 @@ class GradBuckets {
   /// `overlap` false: nothing starts before wait_all() (for measuring what overlap saves).
   GradBuckets(comm::Communicator& data, float* grads, std::size_t elements, double bucket_bytes,
               bool overlap);
+  ~GradBuckets();
+  GradBuckets(const GradBuckets&) = delete;
+  GradBuckets& operator=(const GradBuckets&) = delete;
 
   /// Backward reports that gradients at offsets >= `offset` are final: starts every
   /// bucket lying entirely there, polls those in flight.
   void ready(std::size_t offset);
   /// Starts what has not started and waits for every bucket (deadline: the
   /// communicator's). Returns the seconds spent waiting here (exposed communication).
+  /// Rethrows an error the progress thread met.
   double wait_all();
   /// Resets for the next optimizer step.
   void reset();
 
   std::size_t bucket_count() const { return begins_.size(); }
+  /// True when a progress thread polls the buckets in flight (overlap on a communicator
+  /// that allows it).
+  bool progress_thread() const { return progress_.joinable(); }
+  /// How many buckets of this step are known to have completed (seen by a poll of the
+  /// progress thread or of ready(), or by wait_all()).
+  std::size_t completed() const;
   /// The first non-finite gradient offset seen in a bucket before it was sent, or -1
   /// (each bucket is scanned just before its all-reduce, so the rank that produced a NaN
   /// can be named).
@@ -38,15 +55,24 @@ class GradBuckets {
 
  private:
   void start(std::size_t i);
+  void progress_loop();
   comm::Communicator& comm_;
   float* grads_;
   std::vector<std::size_t> begins_,
       ends_;  ///< bucket i = [begins_[i], ends_[i]); i = 0 is the last range
   std::vector<comm::Request> requests_;
-  std::vector<bool> started_;
-  std::size_t next_ = 0;  ///< buckets [0, next_) have been started
+  std::vector<bool> done_;  ///< bucket i's all-reduce has completed this step
+  std::size_t next_ = 0;    ///< buckets [0, next_) have been started
   bool overlap_;
   std::int64_t first_nonfinite_ = -1;
+  // The progress thread polls requests_[0, next_) while polling_; the mutex guards
+  // requests_, done_, next_, polling_, stop_ and progress_error_ between it and the owner.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool polling_ = false;
+  bool stop_ = false;
+  std::exception_ptr progress_error_;
+  std::thread progress_;
 };
 
 }  // namespace dst::train
