@@ -21,21 +21,6 @@ namespace {
 // re-execution if the override had no effect (a build without DYNAMIC_ARCH).
 constexpr const char* kMark = "DSTRAIN_OPENBLAS_DETECTED";
 
-}  // namespace
-
-bool pre_avx2_family(std::string_view core) {
-  constexpr std::array<std::string_view, 21> kOld{
-      "Prescott",    "Core2",        "Penryn",     "Dunnington", "Nehalem",   "Sandybridge",
-      "Atom",        "Katmai",       "Coppermine", "Northwood",  "Banias",    "Athlon",
-      "Opteron",     "Opteron_SSE3", "Barcelona",  "Bobcat",     "Bulldozer", "Piledriver",
-      "Steamroller", "Excavator",    "Nano"};
-  for (const auto& name : kOld)
-    if (core == name) return true;
-  return false;
-}
-
-namespace {
-
 // The best OpenBLAS 0.3.x family this CPU can run, by instruction set, or nullptr.
 const char* best_family() {
 #if defined(__x86_64__)
@@ -48,7 +33,24 @@ const char* best_family() {
   return nullptr;
 }
 
+// Under valgrind an exec would leave the tool (it follows only with --trace-children).
+bool under_valgrind() {
+  const char* preload = std::getenv("LD_PRELOAD");
+  return preload && std::string_view(preload).find("vgpreload") != std::string_view::npos;
+}
+
 }  // namespace
+
+bool pre_avx2_family(std::string_view core) {
+  constexpr std::array<std::string_view, 21> kOld{
+      "Prescott",    "Core2",        "Penryn",     "Dunnington", "Nehalem",   "Sandybridge",
+      "Atom",        "Katmai",       "Coppermine", "Northwood",  "Banias",    "Athlon",
+      "Opteron",     "Opteron_SSE3", "Barcelona",  "Bobcat",     "Bulldozer", "Piledriver",
+      "Steamroller", "Excavator",    "Nano"};
+  for (const auto& name : kOld)
+    if (core == name) return true;
+  return false;
+}
 
 std::string HostBlas::describe() const {
   std::string s = config;
@@ -73,7 +75,9 @@ HostBlas host_blas() {
 }
 
 void select_host_kernels(char** argv) {
-  if (!openblas_get_corename || std::getenv("OPENBLAS_CORETYPE") || std::getenv(kMark)) return;
+  if (!openblas_get_corename || std::getenv("OPENBLAS_CORETYPE") || std::getenv(kMark) ||
+      under_valgrind())
+    return;
   const std::string core = openblas_get_corename();
   const char* best = best_family();
   if (!best || !pre_avx2_family(core)) return;

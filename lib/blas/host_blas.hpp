@@ -37,7 +37,8 @@ bool pre_avx2_family(std::string_view kernels);
 /// OPENBLAS_CORETYPE to SkylakeX or Haswell and re-executes the program (execv of
 /// /proc/self/exe with the same arguments: same process id and environment otherwise,
 /// so mpirun, srun and an MPI singleton see nothing). A user or site that sets
-/// OPENBLAS_CORETYPE, to any value, keeps its choice. Returns when there is nothing to do,
+/// OPENBLAS_CORETYPE, to any value, keeps its choice; under valgrind nothing changes (the
+/// new program would run outside the tool). Returns when there is nothing to do,
 /// after the re-execution (the second run finds the mark it left), or when execv fails.
 void select_host_kernels(char** argv);
 
