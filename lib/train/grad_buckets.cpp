@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "kernels/kernels.hpp"
 
 namespace dst::train {
 
@@ -71,13 +72,10 @@ void GradBuckets::start(std::size_t i) {
   const std::size_t n = ends_[i] - begins_[i];
   if (first_nonfinite_ < 0) {
     // Scan before sending: after the sum every rank sees the NaN, but only now is it
-    // known which rank's own gradient had it.
-    for (std::size_t j = 0; j < n; ++j) {
-      if (!std::isfinite(p[j])) {
-        first_nonfinite_ = static_cast<std::int64_t>(begins_[i] + j);
-        break;
-      }
-    }
+    // known which rank's own gradient had it. (Host memory: the MPI back end's.)
+    const tensor::Tensor range{const_cast<float*>(p), {static_cast<std::int64_t>(n)}};
+    const std::int64_t at = kernels::first_nonfinite(tensor::ExecContext{}, range);
+    if (at >= 0) first_nonfinite_ = static_cast<std::int64_t>(begins_[i]) + at;
   }
   requests_[i] = comm_.iallreduce(grads_ + begins_[i], n, DType::f32, comm::ReduceOp::sum);
 }

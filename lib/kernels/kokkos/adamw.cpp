@@ -17,34 +17,39 @@ void adamw(const ExecSpace& space, const Vector<ExecSpace, float>& params,  // (
            const Vector<ExecSpace, float>& m,                               // (n)
            const Vector<ExecSpace, float>& v,                               // (n)
            const kernels::detail::AdamwArgs& a) {
-  const float grad_scale = a.grad_scale;
-  const float decay = a.decay;
-  const float w = a.lerp_weight;
-  const float beta2 = a.beta2;
-  const float one_minus_beta2 = a.one_minus_beta2;
-  const float neg_step_size = -a.step_size;
-  const float bias2_sqrt = a.bias2_sqrt;
-  const float eps = a.eps;
+  // The lambda captures the float constants as doubles, each converting back to exactly
+  // the float it was: a float store (params, m, v) may alias a captured float (type-based
+  // aliasing), which made the compiler reload every constant per element and left the
+  // loop scalar; a double it may not alias, so the loop vectorises (the same bits).
+  const double grad_scale = a.grad_scale;
+  const double decay = a.decay;
+  const double w = a.lerp_weight;
+  const double beta2 = a.beta2;
+  const double one_minus_beta2 = a.one_minus_beta2;
+  const double neg_step_size = -a.step_size;
+  const double bias2_sqrt = a.bias2_sqrt;
+  const double eps = a.eps;
   // ATen's lerp: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w); the
   // two forms are equal in exact arithmetic and each is the accurate one on its side.
-  const bool small_weight = w < 0.5f;
-  const float one_minus_w = 1.0f - w;
+  const bool small_weight = a.lerp_weight < 0.5f;
+  const double one_minus_w = 1.0f - a.lerp_weight;  // computed in float, held exactly
   Kokkos::parallel_for(
       "dst::kernels::adamw_step::elements",
       Range<ExecSpace>(space, 0, static_cast<Index>(params.extent(0))),
       KOKKOS_LAMBDA(const Index i) {
-        const float g = grads(i) * grad_scale;
-        const float p = params(i) * decay;
+        const auto f = [](double x) { return static_cast<float>(x); };
+        const float g = grads(i) * f(grad_scale);
+        const float p = params(i) * f(decay);
         const float mi = m(i);
-        const float m_new = small_weight ? mi + w * (g - mi) : g - (g - mi) * one_minus_w;
-        const float v_new = v(i) * beta2 + one_minus_beta2 * g * g;
+        const float m_new = small_weight ? mi + f(w) * (g - mi) : g - (g - mi) * f(one_minus_w);
+        const float v_new = v(i) * f(beta2) + f(one_minus_beta2) * g * g;
         // sqrt through double and back is the correctly rounded float sqrt (53 >= 2*24 + 2
         // bits: no double-rounding error), i.e. exactly sqrtf.
         const float root = static_cast<float>(math::sqrt(static_cast<double>(v_new)));
-        const float denom = root / bias2_sqrt + eps;
+        const float denom = root / f(bias2_sqrt) + f(eps);
         m(i) = m_new;
         v(i) = v_new;
-        params(i) = p + neg_step_size * (m_new / denom);
+        params(i) = p + f(neg_step_size) * (m_new / denom);
       });
 }
 
