@@ -266,8 +266,8 @@ void visit_parallel(V& v, S&... s) {
           s.bucket_mb...);
   v.field("parallel.overlap",
           Spec("Start each gradient bucket's all-reduce during backward as soon as it is "
-               "final (polled between layers); false = all after backward, which measured "
-               "faster on CPUs with Open MPI (docs/performance.md)."),
+               "final, polled by a progress thread where MPI allows it (MPI_THREAD_MULTIPLE; "
+               "else between layers); false = all after backward (docs/performance.md)."),
           s.overlap...);
   v.field("parallel.timeout_s",
           Spec("Deadline of every collective in seconds; the hang watchdog's limit.")
