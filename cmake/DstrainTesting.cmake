@@ -55,6 +55,7 @@ function(dst_add_mpi_test name)
   endif()
   add_executable(${name} ${A_SOURCES} ${PROJECT_SOURCE_DIR}/tests/mpi/mpi_test_main.cpp)
   target_link_libraries(${name} PRIVATE ${A_LIBS} dstrain::blas GTest::gtest MPI::MPI_CXX)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/mpi)  # mpi_world.hpp
   dst_target_defaults(${name})
   foreach(n IN LISTS A_RANKS)
     dst_mpiexec_command(_launch ${n})

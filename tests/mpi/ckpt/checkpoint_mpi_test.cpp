@@ -15,25 +15,18 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/manifest.hpp"
+#include "mpi_world.hpp"
 
 namespace dst::ckpt {
 namespace {
+
+using dst::test::world_rank;
+using dst::test::world_size;
 
 namespace fs = std::filesystem;
 using Kind = CheckpointError::Kind;
 
 constexpr double kTimeout = 60;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // A folder made by rank 0, its name broadcast; removed by rank 0 once every rank is done.
 class ScratchDir {

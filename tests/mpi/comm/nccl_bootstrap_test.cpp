@@ -18,8 +18,12 @@
 #include "comm/process_groups.hpp"
 #include "core/error.hpp"
 #include "core/step_context.hpp"
+#include "mpi_world.hpp"
 
 namespace {
+
+using dst::test::world_rank;
+using dst::test::world_size;
 
 using dst::DType;
 using dst::comm::NcclUniqueIdBytes;
@@ -29,18 +33,6 @@ constexpr double kTestTimeoutS = 30.0;  // generous: 4 ranks share 2 cores in CI
 // How late a deadline may fire: the polls sleep at most 1 ms, but 4 ranks share 2 cores
 // and a descheduled rank can lose a few hundred milliseconds.
 constexpr double kLateMarginS = 0.7;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -11,26 +11,18 @@
 #include "comm/mpi_communicator.hpp"
 #include "comm/process_groups.hpp"
 #include "core/error.hpp"
+#include "mpi_world.hpp"
 
 namespace {
+
+using dst::test::world_rank;
+using dst::test::world_size;
 
 using dst::DType;
 using dst::comm::Communicator;
 using dst::config::Layout;
 
 constexpr double kTestTimeoutS = 30.0;
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 Layout make_layout(int data, int tensor, int pipeline) {
   Layout l;

@@ -14,20 +14,13 @@
 #include "data/dataset/sampler.hpp"
 #include "data/dataset/token_dataset.hpp"
 #include "dataset_test_util.hpp"
+#include "mpi_world.hpp"
 
 namespace dst::data {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using dst::test::world_rank;
+using dst::test::world_size;
 
 constexpr int kSeqLen = 16;
 

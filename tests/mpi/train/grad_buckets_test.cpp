@@ -13,22 +13,14 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "mpi_world.hpp"
 #include "train/grad_buckets.hpp"
 
 namespace dst::train {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using dst::test::world_rank;
+using dst::test::world_size;
 
 // Element i of rank r: small integers, so every summation order gives the same sum exactly.
 float value(std::size_t i, int rank) {
