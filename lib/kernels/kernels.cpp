@@ -9,11 +9,11 @@
 #include "kernels/kokkos/kokkos_backend.hpp"
 
 // --- CUDA back end --------------------------------------------------------------------
-// The native CUDA kernels (kernels/cuda/, DSTRAIN_ENABLE_CUDA) are another issue. They
-// plug in here: kernels/cuda/cuda_backend.hpp declares, in dst::kernels::cuda_backend,
+// The native CUDA kernels (kernels/cuda/, DSTRAIN_ENABLE_CUDA) plug in here:
+// kernels/cuda/cuda_backend.hpp declares, in dst::kernels::cuda_backend,
 // `void run(void* stream, const detail::XxxArgs&)` for every Args type of detail/args.hpp
 // (the same overload set as kokkos_backend::run, plus the stream), and dispatch() below
-// calls it. Until that header exists a CUDA build reports that it has no kernels.
+// calls it. A CUDA build without that header would report that it has no kernels.
 #if DSTRAIN_HAVE_CUDA && __has_include("kernels/cuda/cuda_backend.hpp")
 #include "kernels/cuda/cuda_backend.hpp"
 #define DSTRAIN_KERNELS_CUDA_BACKEND 1
