@@ -13,6 +13,7 @@
 
 #include "blas/host_blas.hpp"
 #include "ckpt/checkpoint.hpp"
+#include "comm/nccl_bootstrap.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
@@ -26,6 +27,7 @@
 #include "runtime/hang_watchdog.hpp"
 #include "runtime/signals.hpp"
 #include "session.hpp"
+#include "tensor/memory.hpp"
 #include "train/baseline.hpp"
 #include "train/hdf5_store.hpp"
 #include "train/metrics.hpp"
@@ -195,6 +197,16 @@ std::string format_scale(double scale) {
   return buf;
 }
 
+/// A GPU's dense peak in GFLOP/s for the run's precision, from its data sheet: NVIDIA
+/// H100 / H200 SXM (989.4 TFLOP/s bf16 and fp16 tensor cores without sparsity, 66.9
+/// TFLOP/s fp32). 0 for other devices: the MFU is then not reported.
+double gpu_peak_gflops(const std::string& device_name, const std::string& precision) {
+  const bool hopper = device_name.find("H100") != std::string::npos ||
+                      device_name.find("H200") != std::string::npos;
+  if (!hopper) return 0.0;
+  return precision == "fp32" ? 66.9e3 : 989.4e3;
+}
+
 std::string duration(double s) {
   const long t = static_cast<long>(s + 0.5);
   return std::to_string(t / 60) + "m" + (t % 60 < 10 ? "0" : "") + std::to_string(t % 60) + "s";
@@ -219,7 +231,22 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   train::SampleStore& train_store = *run_data.train;
   train::SampleStore& valid_store = *run_data.valid;
 
-  train::Trainer trainer(cfg, layout, session.groups, train_store);
+  // kernels.backend (resolved: cuda on a GPU build and device, else kokkos) decides where
+  // the model runs; with parallel.backend nccl the gradients are summed by NCCL on the
+  // device, everything else over MPI.
+  tensor::ExecContext ctx;
+  std::unique_ptr<comm::Communicator> grad_comm;
+  if (session.backends.kernels == "cuda") {
+    ctx.backend = tensor::Backend::cuda;
+    ctx.stream = rt.compute_stream();
+    if (session.backends.comm == "nccl") {
+      runtime::StartupStep step(rt.watchdog(), "NCCL communicator of the data group", 0.0);
+      grad_comm =
+          comm::make_device_communicator(*session.groups.data, "data", cfg.parallel.timeout_s,
+                                         cfg.parallel.init_timeout_s, ctx.stream);
+    }
+  }
+  train::Trainer trainer(cfg, layout, session.groups, train_store, ctx, grad_comm.get());
   trainer.initialize_parameters();
 
   // --- run directory; resume from a checkpoint (checkpoint.resume)
@@ -290,7 +317,10 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     saved_this_run = true;
     last_saved_step = trainer.steps_done();
   };
-  double peak = root ? train::measure_cpu_peak_gflops() : 0.0;
+  const bool on_gpu = ctx.backend == tensor::Backend::cuda;
+  double peak = on_gpu ? gpu_peak_gflops(rt.device().name, cfg.training.precision)
+                : root ? train::measure_cpu_peak_gflops()
+                       : 0.0;
   session.groups.world->broadcast(&peak, 1, DType::f64, 0);
   train::MetricsLog metrics((dir / cfg.logging.metrics_file).string(), root);
   metrics.header(deck_yaml, rt.size(), peak);
@@ -313,14 +343,22 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
             std::to_string(layout.grad_accum_steps) + " accumulation x " +
             std::to_string(layout.data) + " data ranks) = " +
             std::to_string(layout.global_batch_size * cfg.data.seq_len) + " tokens per step");
-  char peak_line[160];
-  std::snprintf(peak_line, sizeof peak_line,
-                "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3, %s kernels) x %d ranks",
-                peak, blas::host_blas().kernels.c_str(), rt.size());
+  char peak_line[200];
+  if (on_gpu)
+    std::snprintf(peak_line, sizeof peak_line,
+                  peak > 0 ? "peak: %.1f TFLOP/s per rank (%s, dense %s, data sheet) x %d ranks"
+                           : "peak: %.0f (no data-sheet peak known for %s in %s: MFU not "
+                             "reported) x %d ranks",
+                  peak / 1e3, rt.device().name.c_str(), cfg.training.precision.c_str(), rt.size());
+  else
+    std::snprintf(peak_line, sizeof peak_line,
+                  "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3, %s kernels) x %d ranks",
+                  peak, blas::host_blas().kernels.c_str(), rt.size());
   log::info(peak_line);
   if (cfg.training.precision != "fp32")
-    log::info("precision: " + cfg.training.precision +
-              " (fp32 master weights and moments; 16-bit storage emulated on the host" +
+    log::info("precision: " + cfg.training.precision + " (fp32 master weights and moments; " +
+              (on_gpu ? "values rounded to 16 bits in fp32 storage, products on tensor cores"
+                      : "16-bit storage emulated on the host") +
               (trainer.loss_scaling()
                    ? "; dynamic loss scale " + format_scale(trainer.loss_scaler().scale())
                    : std::string()) +
@@ -376,8 +414,10 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta =
           elapsed / static_cast<double>(done - first_step) * static_cast<double>(last_step - done);
-      log::info(metrics.step(st, max_steps, tps, mfu, eta, train::peak_resident_bytes(),
-                             trainer.skipped_steps()));
+      log::info(metrics.step(
+          st, max_steps, tps, mfu, eta,
+          on_gpu ? tensor::peak_device_bytes(tensor::Device::cuda) : train::peak_resident_bytes(),
+          trainer.skipped_steps()));
       tokens_since = 0;
       seconds_since = 0.0;
       if (done % (5 * cfg.logging.every_steps) == 0 || done == last_step) {

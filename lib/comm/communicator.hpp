@@ -102,6 +102,10 @@ class Communicator {
   /// A back end whose collectives progress on their own (NCCL's streams) says false: it
   /// needs no progress thread.
   virtual bool concurrent_progress() const { return false; }
+  /// True when the buffers are device memory (NCCL); false for host memory (MPI). A
+  /// caller whose data lives on a device stages it through the host for a host-memory
+  /// back end (train::GradBuckets).
+  virtual bool device_memory() const { return false; }
 
   /// In place: every rank ends with op over all ranks' `buf[0:count)`.
   virtual Request iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) = 0;

@@ -13,6 +13,10 @@
 #include "core/flight_recorder.hpp"
 #include "core/step_context.hpp"
 
+#if DSTRAIN_HAVE_NCCL
+#include "comm/nccl_communicator.hpp"
+#endif
+
 namespace dst::comm {
 
 namespace {
@@ -119,6 +123,24 @@ void wait_for_collective(const Probe& probe, double timeout_s,
   // sleeps growing to 100 us once a peer is late.
   poll_until(probe, timeout_s, describe, abort,
              {1.0, std::chrono::microseconds(10), std::chrono::microseconds(100)});
+}
+
+std::unique_ptr<Communicator> make_device_communicator(Communicator& mpi_group, std::string name,
+                                                       double timeout_s, double init_timeout_s,
+                                                       void* compute_stream) {
+#if DSTRAIN_HAVE_NCCL
+  auto comm = make_nccl_communicator(mpi_group, std::move(name), timeout_s, init_timeout_s);
+  static_cast<NcclCommunicator&>(*comm).set_compute_stream(
+      static_cast<CUstream_st*>(compute_stream));
+  return comm;
+#else
+  (void)mpi_group;
+  (void)timeout_s;
+  (void)init_timeout_s;
+  (void)compute_stream;
+  throw Error("comm: group '" + name +
+              "' asks for an NCCL communicator, but this build has none (DSTRAIN_ENABLE_NCCL=OFF)");
+#endif
 }
 
 }  // namespace dst::comm

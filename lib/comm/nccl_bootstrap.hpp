@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -71,5 +72,15 @@ void wait_for_init(const Probe& probe, double timeout_s, const std::string& grou
 /// for it), then back off to sleeps of up to 100 us, as runtime::wait_with_deadline does.
 void wait_for_collective(const Probe& probe, double timeout_s,
                          const std::function<std::string()>& describe, const AbortCallback& abort);
+
+/// The communicator a trainer sums device-resident gradients over (parallel.backend
+/// nccl): in DSTRAIN_ENABLE_NCCL builds make_nccl_communicator over the ranks of
+/// `mpi_group`, named `name`, whose collectives wait for the work enqueued on
+/// `compute_stream` (a cudaStream_t) before they start. In other builds it throws
+/// dst::Error saying so (runtime::resolve_backends refuses 'nccl' there first).
+/// Collective over `mpi_group`.
+std::unique_ptr<Communicator> make_device_communicator(Communicator& mpi_group, std::string name,
+                                                       double timeout_s, double init_timeout_s,
+                                                       void* compute_stream);
 
 }  // namespace dst::comm

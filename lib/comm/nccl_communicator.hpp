@@ -61,6 +61,7 @@ class NcclCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   double timeout_s() const override { return timeout_s_; }
   void set_timeout_s(double seconds) override { timeout_s_ = seconds; }
+  bool device_memory() const override { return true; }
 
   Request iallreduce(void* buf, std::size_t count, DType type, ReduceOp op) override;
   Request ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,

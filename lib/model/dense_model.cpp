@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
+#include <vector>
 
 #include "blas/gemm.hpp"
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::model {
 
@@ -77,6 +78,7 @@ struct DenseModel::Impl {
   Tensor d_attn;           // (N, H*D)
   Tensor d_h1, d_h3, d_g;  // (N, F)
   double forward_s = 0.0, backward_s = 0.0;
+  std::vector<float> host_losses;  // per-token losses of a device, copied to the host
 
   /// The weights the forward and backward compute with: the master parameter (f32), or
   /// its rounded compute copy (bf16/f16).
@@ -141,12 +143,15 @@ struct DenseModel::Impl {
   /// 64 rows: several of OpenBLAS's 16- or 32-row micro-kernel panels, so the shorter
   /// products keep their efficiency (fewer, larger blocks skip less; more blocks pay
   /// a call per block and head).
+  /// On a GPU one product per head over the whole sequence instead: there each launch
+  /// costs more than the masked work it would skip.
   static constexpr std::int64_t kQueryBlock = 64;
+  std::int64_t query_block = kQueryBlock;
 
   template <class Body>
   void for_query_blocks(Body body) const {
-    for (std::int64_t r0 = 0; r0 < T; r0 += kQueryBlock)
-      body(r0, std::min(T, r0 + kQueryBlock));
+    for (std::int64_t r0 = 0; r0 < T; r0 += query_block)
+      body(r0, std::min(T, r0 + query_block));
   }
 
   void attention_forward(const BlockActs& a) {
@@ -226,8 +231,8 @@ struct DenseModel::Impl {
   }
 
   void forward_pass(ParamStore& ps, const std::int32_t* tok, const std::int32_t* tgt) {
-    std::memcpy(tokens.data, tok, static_cast<std::size_t>(N) * sizeof(std::int32_t));
-    std::memcpy(targets.data, tgt, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+    tensor::copy(ctx, tokens.data, tok, static_cast<std::size_t>(N) * sizeof(std::int32_t));
+    tensor::copy(ctx, targets.data, tgt, static_cast<std::size_t>(N) * sizeof(std::int32_t));
     // store(): each activation as a 16-bit back end would keep it (identity for f32).
     // Norm statistics (rstd), softmax and the loss reduce in fp32 and are not rounded.
     kernels::embedding_forward(ctx, tokens, weight(ps, wte), layer[0].x);
@@ -313,9 +318,16 @@ struct DenseModel::Impl {
     ready(0);
   }
 
-  double sum_losses(std::int64_t* valid) const {
+  /// The loss sum over the targets that count (`tgt`: the host copy of targets). On a
+  /// device the N per-token losses come to the host first (a few KiB per micro-batch).
+  double sum_losses(const std::int32_t* tgt, std::int64_t* valid) {
     const float* l = losses.ptr<float>();
-    const std::int32_t* t = targets.ptr<std::int32_t>();
+    if (tensor::device_of(ctx) != tensor::Device::host) {
+      host_losses.resize(static_cast<std::size_t>(N));
+      tensor::download(ctx, losses, host_losses.data());
+      l = host_losses.data();
+    }
+    const std::int32_t* t = tgt;
     double sum = 0.0;  // fixed order: deterministic
     std::int64_t n = 0;
     for (std::int64_t i = 0; i < N; ++i) {
@@ -331,7 +343,7 @@ struct DenseModel::Impl {
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage)
     : impl_(std::make_unique<Impl>()),
-      params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode)),
+      params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode, ctx)),
       B_(batch),
       T_(seq_len) {
   if (batch < 1 || seq_len < 1 || seq_len > m.max_seq_len)
@@ -349,7 +361,10 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   Impl& s = *impl_;
   s.m = m;
   s.ctx = ctx;
+  // The matrix products multiply in the storage type: their operands are rounded to it.
+  s.ctx.math = storage;
   s.storage = storage;
+  if (ctx.backend == tensor::Backend::cuda) s.query_block = seq_len;
   s.B = batch;
   s.T = seq_len;
   s.N = batch * seq_len;
@@ -382,15 +397,17 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   if (mode == Arena::Mode::allocate) {
     const std::size_t act_bytes = s.acts.used_bytes();
     const std::size_t work_bytes = s.work.used_bytes();
-    s.acts = Arena("activations", Arena::Mode::allocate, act_bytes);
-    s.work = Arena("workspace", Arena::Mode::allocate, work_bytes);
+    const tensor::Device dev = tensor::device_of(ctx);
+    s.acts = Arena("activations", Arena::Mode::allocate, act_bytes, dev, ctx.stream);
+    s.work = Arena("workspace", Arena::Mode::allocate, work_bytes, dev, ctx.stream);
     s.take_all();
     kernels::rope_tables(s.ctx, m.rope_theta, s.cos, s.sin);
     if (storage != DType::f32) {
       // The host emulation keeps the rounded copy in f32 (a 16-bit back end: half the
       // bytes; plan.cpp counts those). Filled by refresh_compute_params().
       const std::size_t n = ps.buffer_elements();
-      s.compute = Arena("compute parameters", Arena::Mode::allocate, n * sizeof(float));
+      s.compute =
+          Arena("compute parameters", Arena::Mode::allocate, n * sizeof(float), dev, ctx.stream);
       s.compute_base =
           s.compute.take("compute copy", {static_cast<std::int64_t>(n)}, DType::f32).ptr<float>();
       refresh_compute_params();
@@ -408,10 +425,8 @@ void DenseModel::refresh_compute_params() {
   Impl& s = *impl_;
   if (!s.compute_base) return;
   const std::size_t n = params_->buffer_elements();
-  std::memcpy(s.compute_base, params_->params_data(), n * sizeof(float));
-  Tensor all;
-  all.shape = Shape{static_cast<std::int64_t>(n)};
-  all.dtype = DType::f32;
+  tensor::copy(s.ctx, s.compute_base, params_->params_data(), n * sizeof(float));
+  Tensor all = params_->params_flat();
   all.data = s.compute_base;
   kernels::round_to_storage(s.ctx, all, s.storage);
 }
@@ -432,9 +447,10 @@ double DenseModel::forward(const std::int32_t* tokens, const std::int32_t* targe
   impl_->forward_pass(*params_, tokens, targets);
   kernels::cross_entropy_forward(impl_->ctx, impl_->logits, impl_->targets, kIgnoreIndex,
                                  impl_->losses);
+  const double loss = impl_->sum_losses(targets, valid_tokens);  // waits for the device
   impl_->forward_s = seconds_since(t0);
   impl_->backward_s = 0.0;
-  return impl_->sum_losses(valid_tokens);
+  return loss;
 }
 
 double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32_t* targets,
@@ -446,10 +462,11 @@ double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32
   s.forward_pass(*params_, tokens, targets);
   kernels::cross_entropy_fused(s.ctx, s.logits, s.targets, kIgnoreIndex, grad_scale, s.losses,
                                s.logits);
-  const double loss = s.sum_losses(valid_tokens);
+  const double loss = s.sum_losses(targets, valid_tokens);  // waits for the device
   const auto t1 = std::chrono::steady_clock::now();
   s.forward_s = std::chrono::duration<double>(t1 - t0).count();
   s.backward_pass(*params_, on_ready);
+  tensor::synchronize(s.ctx);  // a device's backward has run, not only been enqueued
   s.backward_s = seconds_since(t1);
   return loss;
 }

@@ -1,10 +1,11 @@
 #include "model/param_store.hpp"
 
 #include <cmath>
-#include <cstring>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::model {
 
@@ -56,11 +57,15 @@ std::size_t layout_offsets(std::vector<ParamSpec>& specs, std::int64_t& count) {
 }
 }  // namespace
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode)
+ParamStore::ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode,
+                       tensor::ExecContext ctx)
     : specs_(std::move(specs)),
       buffer_elements_(layout_offsets(specs_, parameter_count_)),
-      params_("parameters", mode, buffer_elements_ * sizeof(float)),
-      grads_("gradients", mode, buffer_elements_ * sizeof(float)) {
+      ctx_(ctx),
+      params_("parameters", mode, buffer_elements_ * sizeof(float), tensor::device_of(ctx),
+              ctx.stream),
+      grads_("gradients", mode, buffer_elements_ * sizeof(float), tensor::device_of(ctx),
+             ctx.stream) {
   // Reserve the whole block in each arena so used_bytes reports it.
   params_.take("flat parameters", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);
   grads_.take("flat gradients", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);
@@ -76,6 +81,7 @@ tensor::Tensor ParamStore::param(std::size_t i) const {
   tensor::Tensor t;
   t.shape = specs_.at(i).shape;
   t.dtype = DType::f32;
+  t.device = params_.device();
   t.data = planning() ? nullptr : params_data() + specs_[i].offset;
   return t;
 }
@@ -84,15 +90,36 @@ tensor::Tensor ParamStore::grad(std::size_t i) const {
   tensor::Tensor t;
   t.shape = specs_.at(i).shape;
   t.dtype = DType::f32;
+  t.device = grads_.device();
   t.data = planning() ? nullptr : grads_data() + specs_[i].offset;
+  return t;
+}
+
+tensor::Tensor ParamStore::params_flat() const {
+  tensor::Tensor t;
+  t.shape = tensor::Shape{static_cast<std::int64_t>(buffer_elements_)};
+  t.device = params_.device();
+  t.data = params_data();
+  return t;
+}
+
+tensor::Tensor ParamStore::grads_flat() const {
+  tensor::Tensor t;
+  t.shape = tensor::Shape{static_cast<std::int64_t>(buffer_elements_)};
+  t.device = grads_.device();
+  t.data = grads_data();
   return t;
 }
 
 void ParamStore::initialize(std::uint64_t seed) {
   if (planning()) throw Error("model: cannot initialise a parameter store that only plans");
+  // Device memory: each tensor is drawn into a host buffer, then copied.
+  const bool on_host = params_.device() == tensor::Device::host;
+  std::vector<float> staging;
   for (const auto& s : specs_) {
-    float* p = params_data() + s.offset;
     const auto n = static_cast<std::uint64_t>(s.shape.numel());
+    if (!on_host) staging.resize(n);
+    float* p = on_host ? params_data() + s.offset : staging.data();
     if (s.init == Init::ones) {
       for (std::uint64_t j = 0; j < n; ++j)
         p[j] = 1.0f;
@@ -101,11 +128,12 @@ void ParamStore::initialize(std::uint64_t seed) {
       for (std::uint64_t j = 0; j < n; ++j)
         p[j] = s.std * core::normal(seed, stream, j);
     }
+    if (!on_host) tensor::copy(ctx_, params_data() + s.offset, p, n * sizeof(float));
   }
 }
 
 void ParamStore::zero_grads() {
-  if (!planning()) std::memset(grads_data(), 0, buffer_elements_ * sizeof(float));
+  if (!planning()) tensor::fill_zero(ctx_, grads_data(), buffer_elements_ * sizeof(float));
 }
 
 }  // namespace dst::model

@@ -15,6 +15,7 @@
 
 #include "config/run_config.hpp"
 #include "tensor/arena.hpp"
+#include "tensor/context.hpp"
 #include "tensor/tensor.hpp"
 
 namespace dst::model {
@@ -46,7 +47,8 @@ std::vector<ParamSpec> dense_parameter_layout(const config::ModelSection& m);
 class ParamStore {
  public:
   /// Lays out `specs` (offsets are assigned here). In plan mode nothing is allocated.
-  ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode);
+  /// The buffers live in the memory of `ctx`'s back end (host, or the CUDA device).
+  ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode, tensor::ExecContext ctx = {});
 
   std::size_t size() const { return specs_.size(); }
   const ParamSpec& spec(std::size_t i) const { return specs_[i]; }
@@ -63,13 +65,19 @@ class ParamStore {
   std::int64_t parameter_count() const { return parameter_count_; }
   /// Elements in each flat buffer, padding included.
   std::size_t buffer_elements() const { return buffer_elements_; }
+  /// The flat buffers, in the memory of context()'s back end (device pointers on CUDA).
   float* params_data() const { return static_cast<float*>(params_.base()); }
   float* grads_data() const { return static_cast<float*>(grads_.base()); }
+  /// Both flat buffers as one-dimensional tensors of buffer_elements().
+  tensor::Tensor params_flat() const;
+  tensor::Tensor grads_flat() const;
   bool planning() const { return params_.planning(); }
+  /// The back end (and stream) whose memory holds the buffers.
+  const tensor::ExecContext& context() const { return ctx_; }
 
   /// Deterministic initialisation: element j of tensor `name` is
   /// std * normal(seed, hash_name(name), j), so any rank, thread count or slice order
-  /// produces the same bits.
+  /// produces the same bits. Computed on the host (and copied to a device buffer).
   void initialize(std::uint64_t seed);
   /// Zeroes the gradient buffer.
   void zero_grads();
@@ -78,6 +86,7 @@ class ParamStore {
   std::vector<ParamSpec> specs_;
   std::int64_t parameter_count_ = 0;
   std::size_t buffer_elements_ = 0;
+  tensor::ExecContext ctx_;
   tensor::Arena params_;
   tensor::Arena grads_;
 };

@@ -25,6 +25,7 @@ std::pair<std::uint64_t, std::uint64_t> host_memory() {
   return {total, avail};
 }
 
+#if !DSTRAIN_HAVE_CUDA
 namespace {
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -38,6 +39,7 @@ std::string cpu_model() {
   return "host CPU";
 }
 }  // namespace
+#endif
 
 DeviceInfo select_device(int local_rank, int local_size) {
   DeviceInfo info;
@@ -69,6 +71,27 @@ DeviceInfo select_device(int local_rank, int local_size) {
       avail / static_cast<std::uint64_t>(local_size > 0 ? local_size : 1);
 #endif
   return info;
+}
+
+void* create_compute_stream() {
+#if DSTRAIN_HAVE_CUDA
+  cudaStream_t stream = nullptr;
+  const cudaError_t rc = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (rc != cudaSuccess)
+    throw Error(std::string("start-up: cannot create the compute stream: ") +
+                cudaGetErrorString(rc));
+  return stream;
+#else
+  return nullptr;
+#endif
+}
+
+void destroy_compute_stream(void* stream) noexcept {
+#if DSTRAIN_HAVE_CUDA
+  if (stream) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+#else
+  (void)stream;
+#endif
 }
 
 }  // namespace dst::runtime

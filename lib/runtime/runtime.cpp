@@ -84,6 +84,7 @@ Runtime::Runtime(int& argc, char**& argv, double init_timeout_s)
   {
     StartupStep step(*watchdog_, "device selection", init_timeout_s_);
     device_ = select_device(node_.local_rank, node_.local_size);
+    if (device_.kind == "cuda") compute_stream_ = create_compute_stream();
   }
   {
     StartupStep step(*watchdog_, "Kokkos::initialize", init_timeout_s_);
@@ -97,6 +98,7 @@ Runtime::Runtime(int& argc, char**& argv, double init_timeout_s)
 }
 
 Runtime::~Runtime() {
+  destroy_compute_stream(compute_stream_);
   if (kokkos_initialized_) Kokkos::finalize();
   if (mpi_is_up()) MPI_Finalize();
 }
@@ -271,6 +273,12 @@ std::string describe_layout(const Runtime& rt, const config::Layout& layout, con
      << " x pipeline " << layout.pipeline << " | comm " << b.comm << " | kernels " << b.kernels
      << " (Kokkos " << rt.kokkos_space() << ") | device " << rt.device().kind;
   if (!rt.device().name.empty()) os << " (" << rt.device().name << ")";
+  if (rt.device().kind == "cuda") {
+    char mem[64];
+    std::snprintf(mem, sizeof mem, " %d, %.1f GiB", rt.device().index,
+                  static_cast<double>(rt.device().memory_bytes) / (1024.0 * 1024.0 * 1024.0));
+    os << mem;
+  }
   os << " | MPI threads " << rt.thread_level();
   return os.str();
 }

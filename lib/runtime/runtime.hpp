@@ -49,6 +49,9 @@ class Runtime {
 
   const NodeInfo& node() const { return node_; }
   const DeviceInfo& device() const { return device_; }
+  /// The stream the model runs on when this rank drives a CUDA device (a cudaStream_t),
+  /// else nullptr. Destroyed with the Runtime: everything using it must be gone first.
+  void* compute_stream() const { return compute_stream_; }
   MPI_Comm world() const { return MPI_COMM_WORLD; }
   int rank() const { return node_.world_rank; }
   int size() const { return node_.world_size; }
@@ -67,6 +70,7 @@ class Runtime {
   bool kokkos_initialized_ = false;
   NodeInfo node_;
   DeviceInfo device_;
+  void* compute_stream_ = nullptr;
 };
 
 /// Thrown after every rank agreed that the job failed and the message was printed

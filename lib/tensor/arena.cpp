@@ -1,41 +1,41 @@
 #include "tensor/arena.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "tensor/memory.hpp"
 
 namespace dst::tensor {
 
-Arena::Arena(std::string name, Mode mode, std::size_t capacity_bytes, Device device)
-    : name_(std::move(name)), mode_(mode), device_(device), capacity_(capacity_bytes) {
-  if (mode_ == Mode::allocate && capacity_ > 0) {
-    if (device_ != Device::host)
-      throw Error("arena '" + name_ + "': device memory comes from the CUDA back end's allocator");
-    base_ = std::aligned_alloc(kAlignment, aligned(capacity_));
-    if (!base_)
-      throw Error("arena '" + name_ + "': cannot allocate " + std::to_string(capacity_) + " bytes");
-    std::memset(base_, 0, aligned(capacity_));
-  }
+Arena::Arena(std::string name, Mode mode, std::size_t capacity_bytes, Device device, void* stream)
+    : name_(std::move(name)),
+      mode_(mode),
+      device_(device),
+      stream_(stream),
+      capacity_(capacity_bytes) {
+  if (mode_ == Mode::allocate && capacity_ > 0)
+    base_ = allocate(device_, aligned(capacity_), stream_, ("arena '" + name_ + "'").c_str());
 }
 
 Arena::~Arena() {
-  std::free(base_);
+  release(device_, base_, stream_);
 }
 
 Arena::Arena(Arena&& o) noexcept
     : name_(std::move(o.name_)),
       mode_(o.mode_),
       device_(o.device_),
+      stream_(o.stream_),
       capacity_(o.capacity_),
       used_(o.used_),
       base_(std::exchange(o.base_, nullptr)) {}
 
 Arena& Arena::operator=(Arena&& o) noexcept {
   if (this != &o) {
-    std::free(base_);
+    release(device_, base_, stream_);
     name_ = std::move(o.name_);
     mode_ = o.mode_;
     device_ = o.device_;
+    stream_ = o.stream_;
     capacity_ = o.capacity_;
     used_ = o.used_;
     base_ = std::exchange(o.base_, nullptr);

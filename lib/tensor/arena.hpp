@@ -3,8 +3,9 @@
 /// One allocation carved into named tensors. An Arena is built in two passes over the same
 /// code: a planning pass (Mode::plan) records every tensor's size and allocates nothing,
 /// which is how `dstrain check` sizes a 67B model on a laptop; then a real pass
-/// (Mode::allocate) takes one aligned block of exactly the planned size. Tensors are
-/// 64-byte aligned (a cache line; the widest vector loads).
+/// (Mode::allocate) takes one aligned block of exactly the planned size, on the host or on
+/// a CUDA device (tensor/memory.hpp's allocator). Tensors are 64-byte aligned (a cache
+/// line; the widest vector loads).
 
 #include <cstddef>
 #include <memory>
@@ -20,7 +21,9 @@ class Arena {
   enum class Mode { plan, allocate };
 
   /// `capacity_bytes` is the exact size for Mode::allocate (from a planning pass).
-  Arena(std::string name, Mode mode, std::size_t capacity_bytes = 0, Device device = Device::host);
+  /// Device memory is allocated (and released) in the order of `stream` (a cudaStream_t).
+  Arena(std::string name, Mode mode, std::size_t capacity_bytes = 0, Device device = Device::host,
+        void* stream = nullptr);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -32,6 +35,7 @@ class Arena {
   Tensor take(const std::string& what, const Shape& shape, DType dtype);
 
   Mode mode() const { return mode_; }
+  Device device() const { return device_; }
   bool planning() const { return mode_ == Mode::plan; }
   std::size_t used_bytes() const { return used_; }
   std::size_t capacity_bytes() const { return capacity_; }
@@ -48,6 +52,7 @@ class Arena {
   std::string name_;
   Mode mode_;
   Device device_;
+  void* stream_ = nullptr;
   std::size_t capacity_ = 0;
   std::size_t used_ = 0;
   void* base_ = nullptr;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/dtype.hpp"
+
 namespace dst::tensor {
 
 enum class Backend : std::uint8_t {
@@ -20,6 +22,13 @@ constexpr std::string_view backend_name(Backend b) {
 struct ExecContext {
   Backend backend = Backend::kokkos;
   void* stream = nullptr;  ///< cudaStream_t on the CUDA back end; unused by Kokkos Serial
+  /// The precision the inputs of matrix products are multiplied in, with fp32 accumulation
+  /// and fp32 storage either way (training.precision, docs/precision.md): f32, or bf16 /
+  /// f16, whose operands hold values the model has already rounded to that type. The
+  /// host BLAS multiplies in fp32 whatever this says (exact on such operands); cuBLASLt
+  /// uses tensor cores in bf16 / f16 with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF
+  /// / _16F), and true fp32 products for f32.
+  DType math = DType::f32;
 };
 
 }  // namespace dst::tensor

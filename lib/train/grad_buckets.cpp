@@ -6,12 +6,17 @@
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::train {
 
 GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t elements,
-                         double bucket_bytes, bool overlap)
-    : comm_(data), grads_(grads), overlap_(overlap) {
+                         double bucket_bytes, bool overlap, tensor::ExecContext ctx,
+                         bool stage_through_host)
+    : comm_(data), ctx_(ctx), grads_(grads), overlap_(overlap) {
+  if (stage_through_host ||
+      (tensor::device_of(ctx_) != tensor::Device::host && !comm_.device_memory()))
+    staging_.assign(elements, 0.0f);
   const auto per = std::max<std::size_t>(1, static_cast<std::size_t>(bucket_bytes / sizeof(float)));
   for (std::size_t end = elements; end > 0;) {
     const std::size_t begin = end > per ? end - per : 0;
@@ -67,16 +72,26 @@ void GradBuckets::progress_loop() {
 }
 
 void GradBuckets::start(std::size_t i) {
-  const float* p = grads_ + begins_[i];
   const std::size_t n = ends_[i] - begins_[i];
+  // What the communicator sums: the gradients themselves, or their host copy (taken
+  // now: the copy waits for the backward's kernels on the compute stream).
+  float* buf = grads_ + begins_[i];
+  tensor::ExecContext scan = ctx_;
+  if (staged()) {
+    tensor::copy(ctx_, staging_.data() + begins_[i], buf, n * sizeof(float));
+    buf = staging_.data() + begins_[i];
+    scan = tensor::ExecContext{};
+  }
   if (first_nonfinite_ < 0) {
     // Scan before sending: after the sum every rank sees the NaN, but only now is it
-    // known which rank's own gradient had it. (Host memory: the MPI back end's.)
-    const tensor::Tensor range{const_cast<float*>(p), {static_cast<std::int64_t>(n)}};
-    const std::int64_t at = kernels::first_nonfinite(tensor::ExecContext{}, range);
+    // known which rank's own gradient had it. (On a device memory communicator this
+    // waits for the compute stream once per bucket.)
+    tensor::Tensor range{buf, {static_cast<std::int64_t>(n)}};
+    range.device = tensor::device_of(scan);
+    const std::int64_t at = kernels::first_nonfinite(scan, range);
     if (at >= 0) first_nonfinite_ = static_cast<std::int64_t>(begins_[i]) + at;
   }
-  requests_[i] = comm_.iallreduce(grads_ + begins_[i], n, DType::f32, comm::ReduceOp::sum);
+  requests_[i] = comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
 }
 
 void GradBuckets::ready(std::size_t offset) {
@@ -120,6 +135,8 @@ double GradBuckets::wait_all() {
     if (requests_[i].valid()) requests_[i].wait();  // immediate where a poll saw it done
     done_[i] = true;
   }
+  // The buckets cover the buffer: one copy brings every sum back to the device.
+  if (staged()) tensor::copy(ctx_, grads_, staging_.data(), staging_.size() * sizeof(float));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -8,6 +8,11 @@
 /// a progress thread polls the buckets in flight while backward computes; otherwise
 /// backward's ready() calls poll them between layers. wait_all() then completes what is
 /// left, under the communicator's deadline.
+///
+/// Gradients on a CUDA device: a device-memory communicator (NCCL) sums them in place,
+/// its collectives ordered after the backward's kernels by the stream events of the NCCL
+/// back end. A host-memory communicator (MPI) gets each bucket staged through a host
+/// copy: copied down when it starts, summed there, copied back by wait_all().
 
 #include <condition_variable>
 #include <cstddef>
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "tensor/context.hpp"
 
 namespace dst::train {
 
@@ -25,8 +31,11 @@ class GradBuckets {
  public:
   /// `grads` (elements) is the flat buffer; buckets of at most bucket_bytes each.
   /// `overlap` false: nothing starts before wait_all() (for measuring what overlap saves).
+  /// `ctx`: the back end whose memory holds `grads` (and whose stream computes them).
+  /// `stage_through_host`: stage even where it is not needed (host gradients), which is
+  /// how the CPU tests exercise the staged path a GPU run with MPI takes.
   GradBuckets(comm::Communicator& data, float* grads, std::size_t elements, double bucket_bytes,
-              bool overlap);
+              bool overlap, tensor::ExecContext ctx = {}, bool stage_through_host = false);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -45,6 +54,9 @@ class GradBuckets {
   /// True when a progress thread polls the buckets in flight (overlap on a communicator
   /// that allows it).
   bool progress_thread() const { return progress_.joinable(); }
+  /// True when the buckets travel through a host copy (device gradients, host-memory
+  /// communicator).
+  bool staged() const { return !staging_.empty(); }
   /// How many buckets of this step are known to have completed (seen by a poll of the
   /// progress thread or of ready(), or by wait_all()).
   std::size_t completed() const;
@@ -57,7 +69,9 @@ class GradBuckets {
   void start(std::size_t i);
   void progress_loop();
   comm::Communicator& comm_;
+  tensor::ExecContext ctx_;
   float* grads_;
+  std::vector<float> staging_;  ///< host copy of the gradients when staged()
   std::vector<std::size_t> begins_,
       ends_;  ///< bucket i = [begins_[i], ends_[i]); i = 0 is the last range
   std::vector<comm::Request> requests_;

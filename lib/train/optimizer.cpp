@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::train {
 
@@ -11,10 +12,10 @@ AdamW::AdamW(const config::OptimizerSection& opt, const model::ParamStore& store
       elements_(store.buffer_elements()),
       m_("adamw first moments",
          store.planning() ? tensor::Arena::Mode::plan : tensor::Arena::Mode::allocate,
-         elements_ * sizeof(float)),
+         elements_ * sizeof(float), tensor::device_of(store.context()), store.context().stream),
       v_("adamw second moments",
          store.planning() ? tensor::Arena::Mode::plan : tensor::Arena::Mode::allocate,
-         elements_ * sizeof(float)) {
+         elements_ * sizeof(float), tensor::device_of(store.context()), store.context().stream) {
   if (opt_.type != "adamw")
     throw Error("train::AdamW: training.optimizer.type is '" + opt_.type + "', not 'adamw'");
   ranges_.reserve(store.size());
@@ -30,6 +31,7 @@ tensor::Tensor AdamW::view(const tensor::Arena& arena, std::size_t i) const {
   tensor::Tensor t;
   t.shape = ranges_.at(i).shape;
   t.dtype = DType::f32;
+  t.device = arena.device();
   t.data = arena.planning() ? nullptr : static_cast<float*>(arena.base()) + ranges_[i].offset;
   return t;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::train {
 
@@ -23,16 +24,23 @@ void write_parameters_h5(const std::string& path, const model::ParamStore& store
   bool ok = true;
   const hid_t g = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   ok = ok && g >= 0;
+  std::vector<float> host;  // a device's tensor, copied down
   for (std::size_t i = 0; ok && i < store.size(); ++i) {
     const auto& spec = store.spec(i);
+    const tensor::Tensor t = store.param(i);
+    const void* data = t.data;
+    if (t.device != tensor::Device::host) {
+      host.resize(static_cast<std::size_t>(t.numel()));
+      tensor::download(store.context(), t, host.data());
+      data = host.data();
+    }
     std::vector<hsize_t> dims;
     for (int d = 0; d < spec.shape.rank; ++d)
       dims.push_back(static_cast<hsize_t>(spec.shape[d]));
     const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
     const hid_t d = H5Dcreate2(g, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT,
                                H5P_DEFAULT, H5P_DEFAULT);
-    ok = d >= 0 &&
-         H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, store.param(i).data) >= 0;
+    ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
     if (d >= 0) H5Dclose(d);
     H5Sclose(space);
   }

@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "core/step_context.hpp"
 #include "runtime/signals.hpp"
+#include "tensor/memory.hpp"
 #include "train/schedule.hpp"
 
 namespace dst::train {
@@ -66,7 +67,8 @@ std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
 }  // namespace
 
 Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
-                 comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx)
+                 comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx,
+                 comm::Communicator* grad_comm)
     : cfg_(config), layout_(layout), groups_(groups), train_(train), ctx_(ctx) {
   const std::int64_t micro = config.training.micro_batch_size;
   const std::int64_t T = config.data.seq_len;
@@ -84,9 +86,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   sc.dp_size = layout.data;
   sampler_ = std::make_unique<data::Sampler>(sc);
   auto& ps = model_->params();
-  buckets_ = std::make_unique<GradBuckets>(*groups.data, ps.grads_data(), ps.buffer_elements(),
-                                           config.parallel.bucket_mb * 1024.0 * 1024.0,
-                                           config.parallel.overlap);
+  buckets_ = std::make_unique<GradBuckets>(
+      grad_comm ? *grad_comm : *groups.data, ps.grads_data(), ps.buffer_elements(),
+      config.parallel.bucket_mb * 1024.0 * 1024.0, config.parallel.overlap, ctx_);
   // debug.inject_nan_step poisons the first gradient of the last block's MLP output.
   inject_nan_offset_ =
       ps.spec(ps.index_of("model.layers." + std::to_string(config.model.n_layers - 1) +
@@ -136,8 +138,9 @@ StepStats Trainer::step() {
   bool injected = false;
   auto on_ready = [&](std::size_t offset) {
     if ((inject_nan || inject_inf) && !injected && offset <= inject_at) {
-      ps.grads_data()[inject_at] = inject_nan ? std::numeric_limits<float>::quiet_NaN()
-                                              : std::numeric_limits<float>::infinity();
+      const float poison = inject_nan ? std::numeric_limits<float>::quiet_NaN()
+                                      : std::numeric_limits<float>::infinity();
+      tensor::copy(ctx_, ps.grads_data() + inject_at, &poison, sizeof poison);
       injected = true;
     }
     buckets.ready(offset);
@@ -231,6 +234,7 @@ StepStats Trainer::step() {
     const double factor = clip_factor(st.grad_norm, cfg_.training.grad_clip);
     optimizer_->step(ctx_, ps, st.lr, scale * factor);
     model_->refresh_compute_params();  // the rounded copy of the new master parameters
+    tensor::synchronize(ctx_);         // the optimizer's phase ends when a device has run it
     if (loss_scaling_ && scaler_.update(false) && groups_.world->rank() == 0) {
       std::ostringstream os;
       os << "loss scale " << scaler_.scale() / LossScaler::kGrowthFactor << " -> "
@@ -239,8 +243,13 @@ StepStats Trainer::step() {
     }
   }
   st.t_optimizer = since(t0);
-  if (cfg_.debug.inject_divergence_rank == groups_.world->rank() && step_ == 0)
-    ps.params_data()[0] += 1e-3f;  // fault injection: the consistency check must see it
+  if (cfg_.debug.inject_divergence_rank == groups_.world->rank() && step_ == 0) {
+    // fault injection: the consistency check must see it
+    float first = 0.0f;
+    tensor::copy(ctx_, &first, ps.params_data(), sizeof first);
+    first += 1e-3f;
+    tensor::copy(ctx_, ps.params_data(), &first, sizeof first);
+  }
   ++step_;
   st.seconds = since(t_step);
   return st;
@@ -271,10 +280,29 @@ std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
   const auto& ps = model_->params();
   std::vector<ckpt::TensorRef> out;
   out.reserve(3 * ps.size());
+  // Host memory: views of the buffers themselves. A device: of host copies taken now.
+  const bool on_host = tensor::device_of(ctx_) == tensor::Device::host;
+  if (!on_host) {
+    const std::size_t n = ps.buffer_elements();
+    const std::size_t bytes = n * sizeof(float);
+    for (auto* h : {&host_params_, &host_m_, &host_v_})
+      h->resize(n);
+    tensor::copy(ctx_, host_params_.data(), ps.params_data(), bytes);
+    tensor::copy(ctx_, host_m_.data(), optimizer_->state().m, bytes);
+    tensor::copy(ctx_, host_v_.data(), optimizer_->state().v, bytes);
+  }
   const auto add = [&](const std::string& prefix, const tensor::Tensor& t, std::size_t i) {
     const tensor::Shape& sh = ps.spec(i).shape;
     std::vector<std::int64_t> shape(sh.dims.begin(), sh.dims.begin() + sh.rank);
-    out.push_back({prefix + ps.spec(i).name, std::move(shape), t.ptr<float>()});
+    float* data = t.ptr<float>();
+    if (!on_host) {
+      // The same offset into the host copy of the same flat buffer.
+      const std::vector<float>& h = prefix == "params/"              ? host_params_
+                                    : prefix == "optimizer/exp_avg/" ? host_m_
+                                                                     : host_v_;
+      data = const_cast<float*>(h.data()) + ps.spec(i).offset;
+    }
+    out.push_back({prefix + ps.spec(i).name, std::move(shape), data});
   };
   for (std::size_t i = 0; i < ps.size(); ++i)
     add("params/", ps.param(i), i);
@@ -343,6 +371,13 @@ void Trainer::restore(ckpt::Reader& reader) {
   }
   for (const auto& w : wanted)
     reader.read(w.name, w.shape, const_cast<float*>(w.data));
+  if (tensor::device_of(ctx_) != tensor::Device::host) {
+    const auto& ps = model_->params();
+    const std::size_t bytes = ps.buffer_elements() * sizeof(float);
+    tensor::copy(ctx_, ps.params_data(), host_params_.data(), bytes);
+    tensor::copy(ctx_, optimizer_->state().m, host_m_.data(), bytes);
+    tensor::copy(ctx_, optimizer_->state().v, host_v_.data(), bytes);
+  }
   const ckpt::Metadata& m = reader.metadata();
   step_ = m.step;
   skipped_ = m.skipped_steps;
@@ -359,8 +394,17 @@ void Trainer::check_consistency() {
   const auto& ps = model_->params();
   const std::size_t P = ps.size();
   std::vector<std::uint64_t> mine(P);
-  for (std::size_t i = 0; i < P; ++i)
-    mine[i] = fingerprint(ps.param(i).ptr<float>(), static_cast<std::size_t>(ps.param(i).numel()));
+  std::vector<float> host;  // a device's parameters, one tensor at a time
+  for (std::size_t i = 0; i < P; ++i) {
+    const tensor::Tensor t = ps.param(i);
+    const float* p = t.ptr<float>();
+    if (tensor::device_of(ctx_) != tensor::Device::host) {
+      host.resize(static_cast<std::size_t>(t.numel()));
+      tensor::download(ctx_, t, host.data());
+      p = host.data();
+    }
+    mine[i] = fingerprint(p, static_cast<std::size_t>(t.numel()));
+  }
   const int n = groups_.world->size();
   std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
   groups_.world->allgather(mine.data(), all.data(), P, DType::u64);

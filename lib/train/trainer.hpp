@@ -63,8 +63,13 @@ class NonFiniteGradients : public Error {
 
 class Trainer {
  public:
+  /// `ctx`: the back end the model runs on; its memory holds parameters, gradients and
+  /// moments. `grad_comm`: the data-parallel group the gradients are summed over, when it
+  /// is not groups.data (the NCCL communicator of a GPU run); the small host-side
+  /// reductions (loss, flags) always use groups.data.
   Trainer(const config::RunConfig& config, const config::Layout& layout,
-          comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx = {});
+          comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx = {},
+          comm::Communicator* grad_comm = nullptr);
   ~Trainer();
 
   /// Deterministic initial parameters from run.seed (identical on every rank).
@@ -81,6 +86,7 @@ class Trainer {
   /// The training state a checkpoint holds: every parameter and both AdamW moments as
   /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",
   /// "optimizer/exp_avg_sq/<name>"), viewing the flat buffers (valid until the next step).
+  /// On a device they view a host copy, taken by this call (restore() copies it back).
   std::vector<ckpt::TensorRef> checkpoint_tensors() const;
   /// The scalars of the state (step, sampler position, samples seen, optimizer and
   /// skipped steps, seed, layout); the caller adds the deck and version texts.
@@ -100,6 +106,7 @@ class Trainer {
   const LossScaler& loss_scaler() const { return scaler_; }
   model::DenseModel& model() { return *model_; }
   const AdamW& optimizer() const { return *optimizer_; }
+  const tensor::ExecContext& context() const { return ctx_; }
   data::Sampler& sampler() { return *sampler_; }
 
  private:
@@ -122,6 +129,8 @@ class Trainer {
                                           ///< (and debug.inject_overflow_step its inf)
   bool loss_scaling_ = false;             ///< training.precision fp16
   LossScaler scaler_;
+  /// Device runs: host copies of parameters and moments (flat layout) for checkpoints.
+  mutable std::vector<float> host_params_, host_m_, host_v_;
 };
 
 }  // namespace dst::train

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,6 +87,41 @@ TEST_P(GradBucketsTest, ProgressThreadCompletesStartedBucketsWhileTheOwnerComput
   }
   buckets.wait_all();
   expect_sums(g);
+}
+
+// The path a GPU run over MPI takes (device gradients, host-memory communicator): each
+// bucket is copied to a host buffer when it starts and summed there; the gradients
+// themselves keep this rank's values until wait_all() copies every sum back. The non-
+// finite scan reads the staged copy and still names the rank's own first NaN.
+TEST_P(GradBucketsTest, StagedBucketsSumInTheHostCopyAndComeBackAtWaitAll) {
+  comm::MpiCommunicator data(MPI_COMM_WORLD, "data", 60.0);
+  std::vector<float> g(kElements);
+  GradBuckets buckets(data, g.data(), g.size(), kBucketBytes, GetParam(), tensor::ExecContext{},
+                      /*stage_through_host=*/true);
+  EXPECT_TRUE(buckets.staged());
+  constexpr std::size_t kPoisoned = 3 * kElements / 4 + 5;  // in the third bucket sent
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = value(i, world_rank());
+    const bool poison = step == 1 && world_rank() == world_size() - 1;
+    if (poison) g[kPoisoned] = std::numeric_limits<float>::quiet_NaN();
+    buckets.reset();
+    for (std::size_t k = 8; k-- > 0;)
+      buckets.ready(k * (kElements / 8));
+    if (world_size() > 1 && !poison) {
+      for (std::size_t i = 0; i < g.size(); i += 997)
+        ASSERT_EQ(g[i], value(i, world_rank())) << "summed in place before wait_all, at " << i;
+    }
+    buckets.wait_all();
+    if (step == 0) {
+      expect_sums(g);
+      EXPECT_EQ(buckets.first_nonfinite_offset(), -1);
+    } else {
+      EXPECT_EQ(buckets.first_nonfinite_offset(),
+                poison ? static_cast<std::int64_t>(kPoisoned) : -1);
+      EXPECT_NE(g[kPoisoned], g[kPoisoned]) << "every rank's sum holds the NaN";
+    }
+  }
 }
 
 std::string overlap_name(const ::testing::TestParamInfo<bool>& p) {
