@@ -1,5 +1,6 @@
 /// \file gemm.cpp
-/// Argument checks, back-end dispatch and the host (OpenBLAS CBLAS) back end of gemm.hpp.
+/// Argument checks, back-end dispatch and the host (OpenBLAS CBLAS) back end of gemm.hpp;
+/// the CUDA back end (cuBLASLt) is cublaslt_gemm.cpp.
 /// Every check happens here, before any back end runs, so both back ends reject the same
 /// calls with the same messages and a vendor library never sees a bad argument (OpenBLAS
 /// would print an xerbla line and silently return; cuBLAS would return a status code).
@@ -15,7 +16,7 @@
 #include "core/error.hpp"
 
 #if defined(DSTRAIN_HAVE_CUDA) && DSTRAIN_HAVE_CUDA
-#include "blas/detail/cublas_gemm.hpp"
+#include "blas/detail/cublaslt_gemm.hpp"
 #define DST_BLAS_CUDA 1
 #else
 #define DST_BLAS_CUDA 0
@@ -234,7 +235,9 @@ void gemm(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m, st
   if (ctx.backend == tensor::Backend::cuda) {
 #if DST_BLAS_CUDA
     if (m == 0 || n == 0) return;
-    detail::cublas_gemm(ctx.stream, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    // ctx.math picks the precision of the products (f32, or bf16 / f16 tensor cores).
+    detail::cublaslt_gemm(ctx.stream, ctx.math, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                          ldc);
     return;
 #else
     detail::no_cuda(kCall);
@@ -255,8 +258,9 @@ void gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, st
   if (ctx.backend == tensor::Backend::cuda) {
 #if DST_BLAS_CUDA
     if (m == 0 || n == 0 || batch == 0) return;
-    detail::cublas_gemm_strided_batched(ctx.stream, ta, tb, m, n, k, alpha, a, lda, stride_a, b,
-                                        ldb, stride_b, beta, c, ldc, stride_c, batch);
+    detail::cublaslt_gemm_strided_batched(ctx.stream, ctx.math, ta, tb, m, n, k, alpha, a, lda,
+                                          stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                          batch);
     return;
 #else
     detail::no_cuda(kCall);
