@@ -363,6 +363,13 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                    ? "; dynamic loss scale " + format_scale(trainer.loss_scaler().scale())
                    : std::string()) +
               "; docs/precision.md)");
+  if (on_gpu)
+    log::info(std::string("attention: ") +
+              (trainer.model().fused_attention()
+                   ? "fused (cuDNN SDPA)"
+                   : "unfused (products and softmax over the T x T scores" +
+                         std::string(cfg.debug.deterministic ? "; debug.deterministic" : "") +
+                         ")"));
   log::info("run directory: " + dir.string());
 
   // --- the loop

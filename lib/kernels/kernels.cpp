@@ -478,4 +478,138 @@ void adamw_step(const ExecContext& ctx, const Tensor& params, const Tensor& grad
   dispatch(ctx, a);
 }
 
+// --- fused attention ---------------------------------------------------------------------
+// cuDNN SDPA on the CUDA back end only (kernels/cuda/attention_cudnn.cpp, built when CMake
+// finds cuDNN 9: DSTRAIN_HAVE_CUDNN). Everything a caller can get wrong is checked here first;
+// whether cuDNN takes the shape is the back end's answer, cached per shape.
+
+#ifndef DSTRAIN_HAVE_CUDNN
+#define DSTRAIN_HAVE_CUDNN 0
+#endif
+#define DSTRAIN_KERNELS_FUSED_ATTENTION (DSTRAIN_KERNELS_CUDA_BACKEND && DSTRAIN_HAVE_CUDNN)
+
+namespace {
+
+struct AttentionDims {
+  Index b, t, h, kv, d;
+};
+
+/// The fused path exists only on the CUDA back end, in a build with cuDNN, in 16-bit math;
+/// anything else throws before the tensors are looked at, saying what to do instead.
+void check_fused_context(const ExecContext& ctx, const char* kernel) {
+  if (ctx.backend != Backend::cuda)
+    throw Error(what(kernel, "context") +
+                ": fused attention runs only on the CUDA back end (cuDNN SDPA), not on the " +
+                std::string(tensor::backend_name(ctx.backend)) +
+                " back end; ask fused_attention_supported() and use the unfused path "
+                "(gemm + causal_softmax) where it says false");
+  check_backend(ctx, kernel);
+#if !DSTRAIN_KERNELS_FUSED_ATTENTION
+  throw Error(what(kernel, "context") +
+              ": this build has no cuDNN, so no fused attention (CMake found no cuDNN 9: see "
+              "its 'dstrain: cuDNN' line); use the unfused path");
+#endif
+  if (ctx.math != DType::bf16 && ctx.math != DType::f16)
+    throw Error(what(kernel, "ctx.math") +
+                " must be bf16 or f16 for fused attention (cuDNN SDPA has no f32 path), got " +
+                std::string(dtype_name(ctx.math)));
+}
+
+/// q (B, T, H, D), k and v (B, T, KV, D), all f32 on the back end's device, H a multiple of KV.
+AttentionDims attention_dims(const ExecContext& ctx, const char* kernel, const Tensor& q,
+                             const Tensor& k, const Tensor& v) {
+  if (q.shape.rank != 4 || q.dtype != DType::f32)
+    throw Error(what(kernel, "q") + ": expected f32 (B, T, H, D), got " +
+                std::string(dtype_name(q.dtype)) + " " + q.shape.str());
+  if (k.shape.rank != 4 || k.dtype != DType::f32)
+    throw Error(what(kernel, "k") + ": expected f32 (B, T, KV, D), got " +
+                std::string(dtype_name(k.dtype)) + " " + k.shape.str());
+  const AttentionDims a{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]};
+  expect(ctx, q, q.shape, DType::f32, kernel, "q");
+  expect(ctx, k, Shape{a.b, a.t, a.kv, a.d}, DType::f32, kernel, "k");
+  expect(ctx, v, Shape{a.b, a.t, a.kv, a.d}, DType::f32, kernel, "v");
+  if (a.h > 0 && (a.kv == 0 || a.h % a.kv != 0))
+    throw Error(what(kernel, "k") + ": query heads H = " + std::to_string(a.h) +
+                " must be a multiple of key/value heads KV = " + std::to_string(a.kv));
+  return a;
+}
+
+void check_attention_scale(const char* kernel, float scale) {
+  if (!std::isfinite(scale))
+    throw Error(what(kernel, "scale") + " must be finite, got " + std::to_string(scale));
+}
+
+#if DSTRAIN_KERNELS_FUSED_ATTENTION
+cuda_backend::FusedAttentionShape fused_shape(const ExecContext& ctx, const AttentionDims& a) {
+  return {a.b, a.t, a.h, a.kv, a.d, ctx.math == DType::f16};
+}
+
+/// Throws with cuDNN's reason when the back end cannot run the shape (never launches then).
+void require_supported(const char* kernel, const cuda_backend::FusedAttentionShape& s) {
+  std::string why;
+  if (!cuda_backend::fused_attention_supported(s, &why))
+    throw Error(what(kernel, "shape") + " B=" + std::to_string(s.b) + " T=" + std::to_string(s.t) +
+                " H=" + std::to_string(s.h) + " KV=" + std::to_string(s.kv) +
+                " D=" + std::to_string(s.d) + " is not supported by cuDNN here: " + why);
+}
+#endif
+
+}  // namespace
+
+bool fused_attention_supported(const ExecContext& ctx, std::int64_t B, std::int64_t T,
+                               std::int64_t H, std::int64_t KV, std::int64_t D) {
+#if DSTRAIN_KERNELS_FUSED_ATTENTION
+  if (ctx.backend != Backend::cuda) return false;
+  if (ctx.math != DType::bf16 && ctx.math != DType::f16) return false;
+  if (B < 1 || T < 1 || H < 1 || KV < 1 || D < 1 || H % KV != 0) return false;
+  return cuda_backend::fused_attention_supported({B, T, H, KV, D, ctx.math == DType::f16}, nullptr);
+#else
+  (void)ctx, (void)B, (void)T, (void)H, (void)KV, (void)D;
+  return false;
+#endif
+}
+
+void fused_attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
+                             const Tensor& v, float scale, const Tensor& out, const Tensor& stats) {
+  constexpr const char* name = "fused_attention_forward";
+  check_fused_context(ctx, name);
+  const AttentionDims a = attention_dims(ctx, name, q, k, v);
+  expect(ctx, out, q.shape, DType::f32, name, "out");
+  expect(ctx, stats, Shape{a.b, a.h, a.t}, DType::f32, name, "stats");
+  check_attention_scale(name, scale);
+  if (a.b * a.t * a.h == 0) return;
+#if DSTRAIN_KERNELS_FUSED_ATTENTION
+  const cuda_backend::FusedAttentionShape s = fused_shape(ctx, a);
+  require_supported(name, s);
+  cuda_backend::fused_attention_forward(
+      ctx.stream, {q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), scale, out.ptr<float>(),
+                   stats.ptr<float>(), s});
+#endif
+}
+
+void fused_attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& stats, float scale, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv) {
+  constexpr const char* name = "fused_attention_backward";
+  check_fused_context(ctx, name);
+  const AttentionDims a = attention_dims(ctx, name, q, k, v);
+  expect(ctx, out, q.shape, DType::f32, name, "out");
+  expect(ctx, dout, q.shape, DType::f32, name, "dout");
+  expect(ctx, stats, Shape{a.b, a.h, a.t}, DType::f32, name, "stats");
+  expect(ctx, dq, q.shape, DType::f32, name, "dq");
+  expect(ctx, dk, k.shape, DType::f32, name, "dk");
+  expect(ctx, dv, k.shape, DType::f32, name, "dv");
+  check_attention_scale(name, scale);
+  if (a.b * a.t * a.h == 0) return;
+#if DSTRAIN_KERNELS_FUSED_ATTENTION
+  const cuda_backend::FusedAttentionShape s = fused_shape(ctx, a);
+  require_supported(name, s);
+  cuda_backend::fused_attention_backward(
+      ctx.stream,
+      {q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), out.ptr<float>(), dout.ptr<float>(),
+       stats.ptr<float>(), scale, dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), s});
+#endif
+}
+
 }  // namespace dst::kernels

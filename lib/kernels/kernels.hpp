@@ -140,4 +140,38 @@ struct AdamWHyper {
 void adamw_step(const ExecContext& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,
                 const Tensor& v, const AdamWHyper& h);
 
+// --- fused attention (cuDNN SDPA; CUDA back end only) ----------------------------------
+// Causal attention in one pass, forward and backward, through cuDNN's fused flash-attention
+// engines (lib/kernels/cuda/attention_cudnn.cpp). There is no Kokkos version: on the Kokkos
+// back end, in builds without cuDNN and for f32 math, fused_attention_supported() is false and
+// the model keeps the unfused path (blas::gemm_strided_batched + causal_softmax_*). Storage
+// stays f32: the CUDA back end converts the inputs to ctx.math (bf16 or f16) in its scratch,
+// runs cuDNN with 16-bit inputs and outputs and fp32 accumulation, and converts the results
+// back. So out, dq, dk and dv carry ctx.math's precision (8 or 11 significant bits), and the
+// backward is not bitwise deterministic (cuDNN accumulates dQ with atomics).
+// Layout: (B, T, H, D) row-major for q, out and their gradients, (B, T, KV, D) for k, v and
+// theirs; H must be a multiple of KV (query head h reads key/value head h / (H / KV)).
+
+/// Whether fused_attention_forward/backward can run for this shape on ctx's back end:
+/// false on the Kokkos back end, in builds without cuDNN, when math is f32 (cuDNN SDPA
+/// runs in bf16/f16 only), or when cuDNN declines the shape (decided once per shape by
+/// building the graph; cached). Never throws for "not supported".
+bool fused_attention_supported(const ExecContext& ctx, std::int64_t B, std::int64_t T,
+                               std::int64_t H, std::int64_t KV, std::int64_t D);
+/// Causal attention: out[b,t,h,:] = sum_{s<=t} softmax_s(scale * q[b,t,h,:].k[b,s,h/(H/KV),:])
+/// v[b,s,kh,:]. q, out (B,T,H,D) f32 (values already rounded to ctx.math); k, v (B,T,KV,D) f32;
+/// stats (B,H,T) f32 (16-byte aligned) receives the softmax log-sum-exp rows the backward
+/// needs (natural log, of the scaled scores). Scratch comes from the CUDA back end's
+/// per-stream scratch (kernels/cuda/detail/scratch.hpp). Throws dst::Error for wrong shapes
+/// or dtypes, a non-finite scale, a context other than CUDA with bf16/f16 math, or a shape
+/// fused_attention_supported() rejects (the message carries cuDNN's reason).
+void fused_attention_forward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
+                             const Tensor& v, float scale, const Tensor& out, const Tensor& stats);
+/// Writes dq (B,T,H,D), dk, dv (B,T,KV,D) from dout (B,T,H,D) and the forward's q,k,v,out,stats
+/// (same ctx.math and scale as the forward). Same errors as the forward.
+void fused_attention_backward(const ExecContext& ctx, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& stats, float scale, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv);
+
 }  // namespace dst::kernels

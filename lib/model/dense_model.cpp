@@ -35,7 +35,8 @@ struct BlockActs {
   Tensor q;      // (N, H*D) after RoPE
   Tensor k;      // (N, KV*D) after RoPE
   Tensor v;      // (N, KV*D)
-  Tensor probs;  // (B, H, T, T) attention probabilities
+  Tensor probs;  // (B, H, T, T) attention probabilities (unfused attention)
+  Tensor stats;  // (B, H, T)    softmax log-sum-exp rows (fused attention)
   Tensor attn;   // (N, H*D) attention output, before o_proj
   Tensor mid;    // (N, C)   x + o_proj(attn)
   Tensor ln2;    // (N, C)   rmsnorm(mid)
@@ -57,6 +58,10 @@ struct DenseModel::Impl {
   // copy holds the master parameters rounded to the storage type, in the ParamStore's
   // layout; the forward and backward read their weights from it.
   DType storage = DType::f32;
+  // Fused attention (cuDNN SDPA, kernels::fused_attention_*): where the back end supports
+  // the shape and the run need not be bitwise deterministic. It keeps (B, H, T) softmax
+  // statistics instead of the (B, H, T, T) probabilities and their gradient.
+  bool fused = false;
   Arena compute{"compute parameters", Arena::Mode::plan};
   float* compute_base = nullptr;  // (buffer_elements), nullptr for f32
 
@@ -106,7 +111,10 @@ struct DenseModel::Impl {
       a.q = acts.take("q", {N, H * D}, f32);
       a.k = acts.take("k", {N, KV * D}, f32);
       a.v = acts.take("v", {N, KV * D}, f32);
-      a.probs = acts.take("probs", {B, H, T, T}, f32);
+      if (fused)
+        a.stats = acts.take("attn_stats", {B, H, T}, f32);
+      else
+        a.probs = acts.take("probs", {B, H, T, T}, f32);
       a.attn = acts.take("attn", {N, H * D}, f32);
       a.mid = acts.take("mid", {N, C}, f32);
       a.ln2 = acts.take("ln2", {N, C}, f32);
@@ -128,7 +136,7 @@ struct DenseModel::Impl {
     d_q = work.take("d_q", {N, H * D}, f32);
     d_k = work.take("d_k", {N, KV * D}, f32);
     d_v = work.take("d_v", {N, KV * D}, f32);
-    d_probs = work.take("d_probs", {B, H, T, T}, f32);
+    if (!fused) d_probs = work.take("d_probs", {B, H, T, T}, f32);
     d_attn = work.take("d_attn", {N, H * D}, f32);
     d_h1 = work.take("d_h1", {N, F}, f32);
     d_h3 = work.take("d_h3", {N, F}, f32);
@@ -155,6 +163,12 @@ struct DenseModel::Impl {
   }
 
   void attention_forward(const BlockActs& a) {
+    if (fused) {
+      kernels::fused_attention_forward(ctx, a.q.reshaped({B, T, H, D}), a.k.reshaped({B, T, KV, D}),
+                                       a.v.reshaped({B, T, KV, D}), scale,
+                                       a.attn.reshaped({B, T, H, D}), a.stats);
+      return;
+    }
     const std::int64_t group = H / KV;  // query heads per key/value head
     float* q = a.q.ptr<float>();
     float* k = a.k.ptr<float>();
@@ -186,6 +200,15 @@ struct DenseModel::Impl {
   }
 
   void attention_backward(const BlockActs& a) {
+    if (fused) {
+      kernels::fused_attention_backward(
+          ctx, a.q.reshaped({B, T, H, D}), a.k.reshaped({B, T, KV, D}), a.v.reshaped({B, T, KV, D}),
+          a.attn.reshaped({B, T, H, D}), d_attn.reshaped({B, T, H, D}), a.stats, scale,
+          d_q.reshaped({B, T, H, D}), d_k.reshaped({B, T, KV, D}), d_v.reshaped({B, T, KV, D}));
+      kernels::rope_backward(ctx, d_q.reshaped({B, T, H, D}), cos, sin);
+      kernels::rope_backward(ctx, d_k.reshaped({B, T, KV, D}), cos, sin);
+      return;
+    }
     const std::int64_t group = H / KV;
     const float* q = a.q.ptr<float>();
     const float* k = a.k.ptr<float>();
@@ -341,7 +364,8 @@ struct DenseModel::Impl {
 };
 
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-                       tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage)
+                       tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
+                       bool deterministic)
     : impl_(std::make_unique<Impl>()),
       params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode, ctx)),
       B_(batch),
@@ -392,6 +416,7 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
         ps.index_of(pre + "mlp.gate_proj.weight"), ps.index_of(pre + "mlp.up_proj.weight"),
         ps.index_of(pre + "mlp.down_proj.weight")});
   }
+  s.fused = !deterministic && kernels::fused_attention_supported(s.ctx, s.B, s.T, s.H, s.KV, s.D);
   // Layout pass, then (for a real model) the same layout over blocks of the planned size.
   s.take_all();
   if (mode == Arena::Mode::allocate) {
@@ -419,6 +444,10 @@ DenseModel::~DenseModel() = default;
 
 DType DenseModel::storage() const {
   return impl_->storage;
+}
+
+bool DenseModel::fused_attention() const {
+  return impl_->fused;
 }
 
 void DenseModel::refresh_compute_params() {

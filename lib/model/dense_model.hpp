@@ -42,9 +42,13 @@ class DenseModel {
   /// values are rounded to the storage type where a 16-bit back end would store them
   /// (docs/precision.md), and the forward/backward read a rounded compute copy of the fp32
   /// master parameters (refresh_compute_params()). f32 computes on the master parameters
-  /// directly, bit for bit as before the option existed.
+  /// directly, bit for bit as before the option existed. `deterministic` false
+  /// (debug.deterministic) allows kernels whose results may differ in the last bits from
+  /// run to run: the fused attention of the CUDA back end (cuDNN SDPA, whose backward
+  /// accumulates with atomics), used where it supports the shape and the storage type.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-             tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32);
+             tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
+             bool deterministic = true);
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -54,6 +58,9 @@ class DenseModel {
   ModelMemory memory() const;
   /// The storage type of parameters and activations for compute (f32, bf16 or f16).
   DType storage() const;
+  /// True when attention runs fused (kernels::fused_attention_*), not as products and
+  /// a softmax over the (T, T) scores.
+  bool fused_attention() const;
   /// Copies the fp32 master parameters (params()) into the compute copy, rounded to the
   /// storage type. Call after every change of the master parameters (initialisation, an
   /// optimizer step, a restore) and before the next forward. Nothing to do for f32.

@@ -72,9 +72,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     : cfg_(config), layout_(layout), groups_(groups), train_(train), ctx_(ctx) {
   const std::int64_t micro = config.training.micro_batch_size;
   const std::int64_t T = config.data.seq_len;
-  model_ =
-      std::make_unique<model::DenseModel>(config.model, micro, T, tensor::Arena::Mode::allocate,
-                                          ctx_, storage_type(config.training.precision));
+  model_ = std::make_unique<model::DenseModel>(
+      config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
+      storage_type(config.training.precision), config.debug.deterministic);
   loss_scaling_ = config.training.precision == "fp16";
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   data::SamplerConfig sc;

@@ -15,6 +15,9 @@
 /// and, where no reduction is involved, bitwise equal to Kokkos'. Failed CUDA calls throw
 /// dst::Error naming the call and file:line.
 
+#include <cstdint>
+#include <string>
+
 #include "kernels/detail/args.hpp"
 
 namespace dst::kernels::cuda_backend {
@@ -46,5 +49,52 @@ void run(void* stream, const kernels::detail::SumOfSquaresArgs& a);
 /// Synchronises the stream and writes *a.result (host memory).
 void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a);
 void run(void* stream, const kernels::detail::AdamwArgs& a);
+
+// --- fused attention (cuDNN SDPA; cuda/attention_cudnn.cpp, DSTRAIN_HAVE_CUDNN builds) ---
+// Not run() overloads: the Kokkos back end has no counterpart, so these argument structs
+// live here rather than in kernels/detail/args.hpp. kernels.cpp validates the tensors first.
+
+/// One attention problem: B sequences of T tokens, H query heads and KV key/value heads of D
+/// dims (H a multiple of KV), math in f16 (true) or bf16 (false).
+struct FusedAttentionShape {
+  std::int64_t b, t, h, kv, d;
+  bool f16;
+};
+
+struct FusedAttentionForwardArgs {
+  const float* q;  // (B, T, H, D)
+  const float* k;  // (B, T, KV, D)
+  const float* v;  // (B, T, KV, D)
+  float scale;
+  float* out;    // (B, T, H, D)
+  float* stats;  // (B, H, T), 16-byte aligned
+  FusedAttentionShape shape;
+};
+
+struct FusedAttentionBackwardArgs {
+  const float* q;      // (B, T, H, D)
+  const float* k;      // (B, T, KV, D)
+  const float* v;      // (B, T, KV, D)
+  const float* out;    // (B, T, H, D), the forward's
+  const float* dout;   // (B, T, H, D)
+  const float* stats;  // (B, H, T), the forward's, 16-byte aligned
+  float scale;
+  float* dq;  // (B, T, H, D), written
+  float* dk;  // (B, T, KV, D), written
+  float* dv;  // (B, T, KV, D), written
+  FusedAttentionShape shape;
+};
+
+/// Whether cuDNN runs this shape on the current device: builds the forward and the backward
+/// execution plans the first time a (device, thread, shape) is asked and caches them (and a
+/// refusal, with its reason). Never throws for "not supported"; when it returns false and
+/// `why` is not null, *why says which step refused and cuDNN's status and message.
+bool fused_attention_supported(const FusedAttentionShape& shape, std::string* why);
+/// Enqueues the conversions, the cuDNN forward plan and the conversion back on `stream`.
+/// Throws dst::Error (nothing enqueued) when the shape is not supported or stats is not
+/// 16-byte aligned, and dst::Error naming the call, status and shape when cuDNN fails.
+void fused_attention_forward(void* stream, const FusedAttentionForwardArgs& a);
+/// As the forward, for the backward plan.
+void fused_attention_backward(void* stream, const FusedAttentionBackwardArgs& a);
 
 }  // namespace dst::kernels::cuda_backend
