@@ -507,9 +507,13 @@ const std::vector<Preset>& presets() {
   // Shapes of DeepSeek LLM 7B/67B from their published config.json files (67B uses 8
   // key/value heads: grouped-query attention); tiny and small are test-sized. The
   // schema's model.preset choices list the same names (a unit test checks).
+  // deepseek-1b is no published model: the 7B's recipe (vocabulary, RoPE, norms, untied
+  // head, ffn_dim about 8/3 d_model rounded to a multiple of 128) scaled down to 1.63 B
+  // parameters, the size one GPU trains in bf16 at seq 2048 (docs/gpu.md).
   static const std::vector<Preset> table = {
       {"tiny", make_model("tiny", 260, 256, 4, 4, 4, 688, 256)},
       {"small", make_model("small", 4096, 512, 8, 8, 8, 1376, 512)},
+      {"deepseek-1b", make_model("deepseek-1b", 102400, 2048, 24, 16, 16, 5504, 2048)},
       {"deepseek-llm-7b", make_model("deepseek-llm-7b", 102400, 4096, 30, 32, 32, 11008, 4096)},
       {"deepseek-llm-67b", make_model("deepseek-llm-67b", 102400, 8192, 95, 64, 8, 22016, 4096)},
   };

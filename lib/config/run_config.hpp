@@ -19,7 +19,7 @@ struct RunSection {
 
 /// Model shape. Fields start from the preset's values; explicit deck keys override.
 struct ModelSection {
-  std::string preset = "tiny";  ///< tiny | small | deepseek-llm-7b | deepseek-llm-67b
+  std::string preset = "tiny";  ///< tiny | small | deepseek-1b | deepseek-llm-7b | deepseek-llm-67b
   std::int64_t vocab_size = 260;
   std::int64_t d_model = 256;
   std::int64_t n_layers = 4;

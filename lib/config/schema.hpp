@@ -107,7 +107,7 @@ void visit_model(V& v, S&... s) {
             "Model shape. `preset` fills every other key; keys given explicitly win over it.");
   v.field("model.preset",
           Spec("Named model shape that provides the defaults of this section.")
-              .one_of({"tiny", "small", "deepseek-llm-7b", "deepseek-llm-67b"}),
+              .one_of({"tiny", "small", "deepseek-1b", "deepseek-llm-7b", "deepseek-llm-67b"}),
           s.preset...);
   v.field("model.vocab_size",
           Spec("Vocabulary size (tiny: 256 byte values + 4 special tokens).")
@@ -321,7 +321,10 @@ void visit_eval(V& v, S&... s) {
 template <class V, class... S>
 void visit_debug(V& v, S&... s) {
   v.section("debug", "Determinism, consistency checks and fault injection for tests.");
-  v.field("debug.deterministic", Spec("Use deterministic kernels and reductions."),
+  v.field("debug.deterministic",
+          Spec("Use deterministic kernels and reductions only (bitwise reproducible runs). "
+               "false allows the fused cuDNN attention of GPU runs in bf16/fp16, whose "
+               "backward accumulates with atomics."),
           s.deterministic...);
   v.field("debug.consistency_every",
           Spec("Cross-rank parameter hash check interval in steps; 0 = never.").at_least(0),

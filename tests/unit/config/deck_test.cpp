@@ -319,7 +319,7 @@ TEST(DeckErrors, EnumValuesListAllowed) {
 TEST(DeckErrors, UnknownPresetListsPresets) {
   EXPECT_EQ(load_error("model:\n  preset: huge\n"),
             "deck.yaml:2:11: model.preset: unknown preset 'huge' (presets: tiny, small, "
-            "deepseek-llm-7b, deepseek-llm-67b)");
+            "deepseek-1b, deepseek-llm-7b, deepseek-llm-67b)");
 }
 
 TEST(DeckErrors, InconsistentCombinationsNameEveryKey) {
@@ -486,6 +486,27 @@ TEST(DeckPresets, PresetFillsModelSection) {
   EXPECT_EQ(b.model.norm_eps, 1e-6);
 }
 
+TEST(DeckPresets, DeepSeek1bIsThe7bRecipeScaledDown) {
+  const RunConfig c = load("model: {preset: deepseek-1b}\n");
+  EXPECT_EQ(c.model.preset, "deepseek-1b");
+  EXPECT_EQ(c.model.vocab_size, 102400);
+  EXPECT_EQ(c.model.d_model, 2048);
+  EXPECT_EQ(c.model.n_layers, 24);
+  EXPECT_EQ(c.model.n_heads, 16);
+  EXPECT_EQ(c.model.n_kv_heads, 16);
+  EXPECT_EQ(c.model.ffn_dim, 5504);
+  EXPECT_EQ(c.model.max_seq_len, 2048);
+  EXPECT_EQ(c.data.seq_len, 2048);
+  // The rest as the DeepSeek-LLM presets.
+  const auto seven = dst::config::preset_model("deepseek-llm-7b");
+  EXPECT_EQ(c.model.rope_theta, seven.rope_theta);
+  EXPECT_EQ(c.model.norm_eps, seven.norm_eps);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  // The GPU throughput deck's shape: bf16 at seq 2048 (inputs/gpu/deepseek-1b.yaml).
+  EXPECT_NO_THROW(load("model: {preset: deepseek-1b}\ntraining: {precision: bf16}\n",
+                       {"training.micro_batch_size=8", "training.global_batch_size=8"}));
+}
+
 TEST(DeckPresets, ExplicitKeysAndOverridesWin) {
   const RunConfig c = load("model:\n  preset: small\n  n_layers: 2\ndata: {seq_len: 128}\n",
                            {"model.d_model=1024"});
@@ -502,7 +523,7 @@ TEST(DeckPresets, ExplicitKeysAndOverridesWin) {
 
 TEST(DeckPresets, NamesMatchSchema) {
   const std::vector<std::string> names = dst::config::preset_names();
-  ASSERT_EQ(names.size(), 4u);
+  ASSERT_EQ(names.size(), 5u);
   for (const auto& k : dst::config::schema_keys()) {
     if (k.path != "model.preset") continue;
     for (const std::string& n : names)

@@ -1,6 +1,7 @@
 // Closed-form plan of the dense DeepSeek-LLM decoder against published sizes.
 #include <gtest/gtest.h>
 
+#include "config/deck.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -44,6 +45,28 @@ TEST(Plan, DeepSeekLlm67bParameterCountWithGroupedQueryAttention) {
   // k and v are 8 heads x 128 = 1024 wide.
   EXPECT_EQ(p.per_layer, 2LL * 8192 * 8192 + 2LL * 8192 * 1024 + 3LL * 8192 * 22016 + 2 * 8192);
   EXPECT_EQ(p.total(), 67425001472);  // "67B"
+}
+
+// deepseek-1b (V 102400, C 2048, L 24, F 5504, 16 heads = 16 kv heads) by hand:
+//   embedding V*C                      = 102400 * 2048        =   209,715,200
+//   head      V*C                      =                          209,715,200
+//   per layer 4*C*C + 3*C*F + 2*C      = 16,777,216 + 33,816,576 + 4,096
+//                                      =    50,597,888; x 24  = 1,214,349,312
+//   final norm C                       =                                2,048
+//   total                                                     = 1,633,781,760
+TEST(Plan, DeepSeek1bPresetParameterCount) {
+  const auto m = dst::config::preset_model("deepseek-1b");
+  const auto p = dst::model::count_parameters(m);
+  EXPECT_EQ(p.embedding, 209715200);
+  EXPECT_EQ(p.head, 209715200);
+  EXPECT_EQ(p.per_layer, 50597888);
+  EXPECT_EQ(p.layers, 1214349312);
+  EXPECT_EQ(p.final_norm, 2048);
+  EXPECT_EQ(p.total(), 1633781760);  // "1.6e9"
+  // 6 x (total - embedding) + 12 L T C at T = 2048: the figure the throughput check's MFU
+  // uses (benchmarks/gpu/throughput).
+  EXPECT_DOUBLE_EQ(dst::model::training_flops_per_token(m, 2048),
+                   6.0 * (1633781760.0 - 209715200.0) + 12.0 * 24 * 2048 * 2048);
 }
 
 TEST(Plan, TiedEmbeddingsDropTheHead) {
