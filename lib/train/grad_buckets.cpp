@@ -14,8 +14,12 @@ GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t ele
                          double bucket_bytes, bool overlap, tensor::ExecContext ctx,
                          bool stage_through_host)
     : comm_(data), ctx_(ctx), grads_(grads), overlap_(overlap) {
-  if (stage_through_host ||
-      (tensor::device_of(ctx_) != tensor::Device::host && !comm_.device_memory()))
+  const bool device_on_host_comm =
+      tensor::device_of(ctx_) != tensor::Device::host && !comm_.device_memory();
+  // Alone in the group there is nothing to sum: device gradients stay where they are
+  // (no copy of the whole buffer down and up every step); only the scan runs.
+  alone_on_device_ = device_on_host_comm && comm_.size() == 1 && !stage_through_host;
+  if (stage_through_host || (device_on_host_comm && !alone_on_device_))
     staging_.assign(elements, 0.0f);
   const auto per = std::max<std::size_t>(1, static_cast<std::size_t>(bucket_bytes / sizeof(float)));
   for (std::size_t end = elements; end > 0;) {
@@ -91,6 +95,7 @@ void GradBuckets::start(std::size_t i) {
     const std::int64_t at = kernels::first_nonfinite(scan, range);
     if (at >= 0) first_nonfinite_ = static_cast<std::int64_t>(begins_[i]) + at;
   }
+  if (alone_on_device_) return;  // a host communicator must not see device memory
   requests_[i] = comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
 }
 

@@ -71,7 +71,8 @@ class GradBuckets {
   comm::Communicator& comm_;
   tensor::ExecContext ctx_;
   float* grads_;
-  std::vector<float> staging_;  ///< host copy of the gradients when staged()
+  std::vector<float> staging_;    ///< host copy of the gradients when staged()
+  bool alone_on_device_ = false;  ///< device gradients, host communicator of one rank
   std::vector<std::size_t> begins_,
       ends_;  ///< bucket i = [begins_[i], ends_[i]); i = 0 is the last range
   std::vector<comm::Request> requests_;
