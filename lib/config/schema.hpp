@@ -260,7 +260,10 @@ void visit_parallel(V& v, S&... s) {
           s.tensor...);
   v.field("parallel.pipeline", Spec("Pipeline-parallel stages.").at_least(1).at_most(kIntMax),
           s.pipeline...);
-  v.field("parallel.backend", Spec("Communication back end.").one_of({"auto", "mpi", "nccl"}),
+  v.field("parallel.backend",
+          Spec("Communication back end of the gradients: auto = nccl when the model runs on "
+               "a GPU in an NCCL build, else mpi (docs/nccl.md).")
+              .one_of({"auto", "mpi", "nccl"}),
           s.backend...);
   v.field("parallel.bucket_mb", Spec("Gradient all-reduce bucket size in MiB.").above(0),
           s.bucket_mb...);

@@ -239,16 +239,6 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
 Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device) {
   Backends b;
   const bool on_gpu = device.kind == "cuda";
-  const auto& comm = config.parallel.backend;
-  if (comm == "auto") {
-    b.comm = (on_gpu && core::built_with_nccl()) ? "nccl" : "mpi";
-  } else if (comm == "nccl" && !core::built_with_nccl()) {
-    throw DeckError("parallel.backend", "",
-                    "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI only "
-                    "(use 'mpi' or 'auto')");
-  } else {
-    b.comm = comm;
-  }
   const auto& kern = config.kernels.backend;
   if (kern == "auto") {
     b.kernels = on_gpu ? "cuda" : "kokkos";
@@ -260,6 +250,22 @@ Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& dev
             : "'cuda' needs a build with DSTRAIN_ENABLE_CUDA=ON (use 'kokkos' or 'auto')");
   } else {
     b.kernels = kern;
+  }
+  // NCCL sums device memory: it is the gradients' communicator only where the model runs
+  // on the GPU.
+  const auto& comm = config.parallel.backend;
+  if (comm == "auto") {
+    b.comm = (b.kernels == "cuda" && core::built_with_nccl()) ? "nccl" : "mpi";
+  } else if (comm == "nccl" && !core::built_with_nccl()) {
+    throw DeckError("parallel.backend", "",
+                    "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI only "
+                    "(use 'mpi' or 'auto')");
+  } else if (comm == "nccl" && b.kernels != "cuda") {
+    throw DeckError("parallel.backend", "",
+                    "'nccl' sums gradients in GPU memory, but kernels.backend is '" + b.kernels +
+                        "' (host memory): use 'mpi' or 'auto', or kernels.backend 'cuda'");
+  } else {
+    b.comm = comm;
   }
   return b;
 }

@@ -1,0 +1,92 @@
+// kernels.backend and parallel.backend against the build and the rank's device
+// (runtime::resolve_backends): auto picks the GPU path only where the model runs on a
+// GPU, and a choice the build or the device cannot honour is a deck error naming the key.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "config/run_config.hpp"
+#include "core/error.hpp"
+#include "core/version.hpp"
+#include "runtime/runtime.hpp"
+
+namespace dst::runtime {
+namespace {
+
+DeviceInfo host() {
+  return DeviceInfo{};
+}
+
+DeviceInfo gpu() {
+  DeviceInfo d;
+  d.kind = "cuda";
+  d.index = 0;
+  d.name = "a GPU";
+  return d;
+}
+
+config::RunConfig deck(const std::string& kernels, const std::string& comm) {
+  config::RunConfig c;
+  c.kernels.backend = kernels;
+  c.parallel.backend = comm;
+  return c;
+}
+
+/// The DeckError's key, or "" if `f` does not throw one.
+template <class F>
+std::string deck_error_key(F f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const DeckError& e) {
+    if (message) *message = e.what();
+    return e.key();
+  }
+  return "";
+}
+
+TEST(Backends, AutoOnTheHostIsKokkosAndMpi) {
+  const Backends b = resolve_backends(deck("auto", "auto"), host());
+  EXPECT_EQ(b.kernels, "kokkos");
+  EXPECT_EQ(b.comm, "mpi");
+}
+
+TEST(Backends, AutoOnAGpuIsCudaAndNcclWhereBuilt) {
+  const Backends b = resolve_backends(deck("auto", "auto"), gpu());
+  EXPECT_EQ(b.kernels, "cuda");
+  EXPECT_EQ(b.comm, core::built_with_nccl() ? "nccl" : "mpi");
+}
+
+TEST(Backends, KokkosOnAGpuKeepsTheGradientsOnMpi) {
+  // The CPU half of the GPU parity check: host kernels on a GPU machine.
+  const Backends b = resolve_backends(deck("kokkos", "auto"), gpu());
+  EXPECT_EQ(b.kernels, "kokkos");
+  EXPECT_EQ(b.comm, "mpi");
+}
+
+TEST(Backends, CudaWithoutADeviceIsADeckError) {
+  std::string msg;
+  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "auto"), host()); }, &msg),
+            "kernels.backend");
+  EXPECT_NE(msg.find(core::built_with_cuda() ? "no CUDA device" : "DSTRAIN_ENABLE_CUDA=ON"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(Backends, NcclNeedsAnNcclBuildAndTheModelOnTheGpu) {
+  std::string msg;
+  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("kokkos", "nccl"), host()); }, &msg),
+            "parallel.backend");
+  EXPECT_NE(msg.find(core::built_with_nccl() ? "GPU memory" : "DSTRAIN_ENABLE_NCCL=ON"),
+            std::string::npos)
+      << msg;
+  if (core::built_with_nccl()) {
+    EXPECT_EQ(resolve_backends(deck("cuda", "nccl"), gpu()).comm, "nccl");
+  } else {
+    EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "nccl"), gpu()); }),
+              "parallel.backend");
+  }
+  EXPECT_EQ(resolve_backends(deck("auto", "mpi"), gpu()).comm, "mpi");
+}
+
+}  // namespace
+}  // namespace dst::runtime
