@@ -33,6 +33,7 @@
 
 #include "blas/gemm.hpp"
 #include "core/bf16.hpp"
+#include "error_of.hpp"
 #include "kernels_test_util.hpp"
 
 #ifndef DSTRAIN_HAVE_CUDNN
@@ -219,16 +220,7 @@ void expect_close_to_scale(const std::vector<float>& actual, const std::vector<f
                         << ")";
 }
 
-/// The message of the dst::Error `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dst::test::error_of;
 
 class FusedAttention : public ::testing::Test {
  protected:

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/bf16.hpp"
+#include "error_of.hpp"
 #include "kernels/cuda/detail/math.cuh"
 #include "kernels/kokkos/detail/common.hpp"
 #include "kernels_test_util.hpp"
@@ -136,16 +137,7 @@ double max_abs(const std::vector<float>& v) {
   return m;
 }
 
-/// The message of the dst::Error `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dst::test::error_of;
 
 std::vector<std::int32_t> random_ids(std::size_t n, Index v, std::uint32_t seed) {
   std::mt19937 gen(seed);

@@ -794,6 +794,25 @@ T* at(const Scratch& s, const std::size_t offset) {
   return reinterpret_cast<T*>(s.device + offset);
 }
 
+/// What both passes do first: the message prefix, the stats alignment cuDNN needs, the
+/// shape's plans (or the reason there are none), the handle bound to `stream`.
+struct Launch {
+  std::string where;
+  Runnable ready;
+  cudaStream_t stream;
+};
+
+Launch begin_launch(void* stream, const char* kernel, const FusedAttentionShape& s,
+                    const float* stats) {
+  Launch l{std::string("kernels::") + kernel + " (" + shape_text(s) + ")", {}, nullptr};
+  if (!aligned16(stats))
+    throw Error(l.where + ": stats must be 16-byte aligned (cuDNN reads and writes it directly)");
+  l.ready = runnable(s, l.where);
+  l.stream = static_cast<cudaStream_t>(stream);
+  DST_CUDNN_CHECK(cudnnSetStream(l.ready.state->handle, l.stream), l.where);
+  return l;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -813,13 +832,11 @@ bool fused_attention_supported(const FusedAttentionShape& shape, std::string* wh
 void fused_attention_forward(void* stream, const FusedAttentionForwardArgs& a) {
   using namespace detail;
   const FusedAttentionShape& s = a.shape;
-  const std::string where = "kernels::fused_attention_forward (" + shape_text(s) + ")";
-  if (!aligned16(a.stats))
-    throw Error(where + ": stats must be 16-byte aligned (cuDNN writes it directly)");
-  const Runnable ready = runnable(s, where);
+  const Launch l = begin_launch(stream, "fused_attention_forward", s, a.stats);
+  const std::string& where = l.where;
+  const Runnable& ready = l.ready;
   const Plan& plan = *ready.plans->forward;
-  const auto cs = static_cast<cudaStream_t>(stream);
-  DST_CUDNN_CHECK(cudnnSetStream(ready.state->handle, cs), where);
+  const cudaStream_t cs = l.stream;
 
   const Index nq = s.b * s.t * s.h * s.d;
   const Index nkv = s.b * s.t * s.kv * s.d;
@@ -849,13 +866,11 @@ void fused_attention_forward(void* stream, const FusedAttentionForwardArgs& a) {
 void fused_attention_backward(void* stream, const FusedAttentionBackwardArgs& a) {
   using namespace detail;
   const FusedAttentionShape& s = a.shape;
-  const std::string where = "kernels::fused_attention_backward (" + shape_text(s) + ")";
-  if (!aligned16(a.stats))
-    throw Error(where + ": stats must be 16-byte aligned (cuDNN reads it directly)");
-  const Runnable ready = runnable(s, where);
+  const Launch l = begin_launch(stream, "fused_attention_backward", s, a.stats);
+  const std::string& where = l.where;
+  const Runnable& ready = l.ready;
   const Plan& plan = *ready.plans->backward;
-  const auto cs = static_cast<cudaStream_t>(stream);
-  DST_CUDNN_CHECK(cudnnSetStream(ready.state->handle, cs), where);
+  const cudaStream_t cs = l.stream;
 
   const Index nq = s.b * s.t * s.h * s.d;
   const Index nkv = s.b * s.t * s.kv * s.d;

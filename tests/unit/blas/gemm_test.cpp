@@ -13,6 +13,7 @@
 
 #include "blas/gemm.hpp"
 #include "core/error.hpp"
+#include "error_of.hpp"
 
 namespace {
 
@@ -330,15 +331,7 @@ TEST(Linear, BackwardSkipsEmptyDw) {
 
 // ---- errors ----------------------------------------------------------------------
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dst::Error& e) {
-    return e.what();
-  }
-  return "<no dst::Error thrown>";
-}
+using dst::test::error_of;
 
 void expect_has(const std::string& msg, std::initializer_list<const char*> parts) {
   for (const char* p : parts)

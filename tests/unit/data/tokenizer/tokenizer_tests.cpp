@@ -19,6 +19,7 @@
 #include "data/tokenizer/detail/bpe_merge.hpp"
 #include "data/tokenizer/detail/regex.hpp"
 #include "data/tokenizer/utf8.hpp"
+#include "error_of.hpp"
 
 namespace {
 
@@ -34,16 +35,7 @@ std::string read(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-/// The message of the dst::Error `f` throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dst::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dst::test::error_of;
 
 // ---- byte-level ----
 
