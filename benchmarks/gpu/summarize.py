@@ -145,6 +145,12 @@ def compare_losses(ref, other, expected_steps):
     return out
 
 
+def attention_path(log):
+    """What the training log's "attention:" line says (GPU runs only), or None."""
+    m = re.search(r"attention: (.*)$", log, re.M)
+    return m.group(1).strip() if m else None
+
+
 def run_summary(raw, name):
     """What one training run left in RAW: rc, steps, losses, wall time, the error line."""
     records = read_jsonl(os.path.join(raw, name, "metrics.jsonl"))
@@ -160,6 +166,7 @@ def run_summary(raw, name):
         "final_loss": losses[max(losses)] if losses else None,
         "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps) if steps else None,
         "layout": next((l.strip() for l in log.splitlines() if "layout:" in l), None),
+        "attention": attention_path(log),
         "errors": errors,
     }
 
@@ -364,6 +371,7 @@ def throughput_report(raw, warmup=10, peak_tflops=989.0, dry_run=False):
                 "steps_logged": len(steps), "steps_expected": max_steps,
                 "warmup_steps_excluded": warmup, "log_flops_per_token": m.group(1) if m else None,
                 "errors": [l for l in log.splitlines() if "error" in l.lower()][:5],
+                "attention": attention_path(log),
                 "plan": plan_summary(raw)}
     if "model" in deck:
         seq = deck["data"]["seq_len"]
