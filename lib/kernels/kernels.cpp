@@ -423,6 +423,17 @@ std::int64_t first_nonfinite(const ExecContext& ctx, const Tensor& x) {
   return result;
 }
 
+void first_nonfinite_min(const ExecContext& ctx, const Tensor& x, std::uint64_t offset,
+                         const Tensor& flag) {
+  constexpr const char* k = "first_nonfinite_min";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  expect(ctx, flag, Shape{1}, DType::u64, k, "flag");
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::FirstNonfiniteMinArgs{x.ptr<float>(), x.numel(), offset,
+                                              flag.ptr<std::uint64_t>()});
+}
+
 // --- AdamW -------------------------------------------------------------------------------
 
 void adamw_step(const ExecContext& ctx, const Tensor& params, const Tensor& grads, const Tensor& m,

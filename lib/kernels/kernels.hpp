@@ -111,6 +111,13 @@ double sum_of_squares(const ExecContext& ctx, const Tensor& x);
 /// finite. Decided on the bits, so it raises no floating-point exception; a min reduction,
 /// so the answer does not depend on the order.
 std::int64_t first_nonfinite(const ExecContext& ctx, const Tensor& x);
+/// The same scan without waiting for an answer: if x (f32) has a NaN or +-Inf, flag[0]
+/// (one u64 in ctx's memory) becomes min(flag[0], offset + its first position). Nothing
+/// is copied to the host, so on a GPU a series of scans (the gradient buckets of one step)
+/// costs no stream synchronisation; the caller reads flag once at the end. Start a series
+/// with flag = UINT64_MAX ("none"). A min, so the answer does not depend on the order.
+void first_nonfinite_min(const ExecContext& ctx, const Tensor& x, std::uint64_t offset,
+                         const Tensor& flag);
 
 // --- AdamW -------------------------------------------------------------------------------
 /// Hyper-parameters of one AdamW step (host scalars; double so the bias corrections of

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "core/error.hpp"
@@ -21,6 +23,11 @@ GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t ele
   alone_on_device_ = device_on_host_comm && comm_.size() == 1 && !stage_through_host;
   if (stage_through_host || (device_on_host_comm && !alone_on_device_))
     staging_.assign(elements, 0.0f);
+  // The non-finite scans read what is sent: the staged host copy, or the gradients.
+  scan_ctx_ = staged() ? tensor::ExecContext{} : ctx_;
+  flag_ = static_cast<std::uint64_t*>(tensor::allocate(
+      tensor::device_of(scan_ctx_), sizeof(std::uint64_t), scan_ctx_.stream, "gradient scan flag"));
+  reset();
   const auto per = std::max<std::size_t>(1, static_cast<std::size_t>(bucket_bytes / sizeof(float)));
   for (std::size_t end = elements; end > 0;) {
     const std::size_t begin = end > per ? end - per : 0;
@@ -35,6 +42,7 @@ GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t ele
 }
 
 GradBuckets::~GradBuckets() {
+  tensor::release(tensor::device_of(scan_ctx_), flag_, scan_ctx_.stream);
   if (!progress_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -80,21 +88,16 @@ void GradBuckets::start(std::size_t i) {
   // What the communicator sums: the gradients themselves, or their host copy (taken
   // now: the copy waits for the backward's kernels on the compute stream).
   float* buf = grads_ + begins_[i];
-  tensor::ExecContext scan = ctx_;
   if (staged()) {
     tensor::copy(ctx_, staging_.data() + begins_[i], buf, n * sizeof(float));
     buf = staging_.data() + begins_[i];
-    scan = tensor::ExecContext{};
   }
-  if (first_nonfinite_ < 0) {
-    // Scan before sending: after the sum every rank sees the NaN, but only now is it
-    // known which rank's own gradient had it. (On a device memory communicator this
-    // waits for the compute stream once per bucket.)
-    tensor::Tensor range{buf, {static_cast<std::int64_t>(n)}};
-    range.device = tensor::device_of(scan);
-    const std::int64_t at = kernels::first_nonfinite(scan, range);
-    if (at >= 0) first_nonfinite_ = static_cast<std::int64_t>(begins_[i]) + at;
-  }
+  // Scan before sending: after the sum every rank sees the NaN, but only now is it known
+  // which rank's own gradient had it. Enqueued only (no wait for a device's answer):
+  // wait_all() reads the flag once.
+  tensor::Tensor range{buf, {static_cast<std::int64_t>(n)}};
+  range.device = tensor::device_of(scan_ctx_);
+  kernels::first_nonfinite_min(scan_ctx_, range, begins_[i], flag_tensor());
   if (alone_on_device_) return;  // a host communicator must not see device memory
   requests_[i] = comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
 }
@@ -142,12 +145,24 @@ double GradBuckets::wait_all() {
   }
   // The buckets cover the buffer: one copy brings every sum back to the device.
   if (staged()) tensor::copy(ctx_, grads_, staging_.data(), staging_.size() * sizeof(float));
+  std::uint64_t first = 0;
+  tensor::copy(scan_ctx_, &first, flag_, sizeof first);
+  first_nonfinite_ =
+      first == std::numeric_limits<std::uint64_t>::max() ? -1 : static_cast<std::int64_t>(first);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+tensor::Tensor GradBuckets::flag_tensor() const {
+  tensor::Tensor t{flag_, {1}, DType::u64};
+  t.device = tensor::device_of(scan_ctx_);
+  return t;
 }
 
 void GradBuckets::reset() {
   next_ = 0;
   first_nonfinite_ = -1;
+  const std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
+  tensor::copy(scan_ctx_, flag_, &none, sizeof none);
   std::fill(done_.begin(), done_.end(), false);
 }
 

@@ -24,6 +24,7 @@
 
 #include "comm/communicator.hpp"
 #include "tensor/context.hpp"
+#include "tensor/tensor.hpp"
 
 namespace dst::train {
 
@@ -60,19 +61,23 @@ class GradBuckets {
   /// How many buckets of this step are known to have completed (seen by a poll of the
   /// progress thread or of ready(), or by wait_all()).
   std::size_t completed() const;
-  /// The first non-finite gradient offset seen in a bucket before it was sent, or -1
-  /// (each bucket is scanned just before its all-reduce, so the rank that produced a NaN
-  /// can be named).
+  /// After wait_all(): the first non-finite gradient offset seen in a bucket before it
+  /// was sent, or -1 (each bucket is scanned just before its all-reduce, so the rank that
+  /// produced a NaN can be named; on a device the scans are enqueued without waiting and
+  /// their flag is read once, by wait_all()).
   std::int64_t first_nonfinite_offset() const { return first_nonfinite_; }
 
  private:
   void start(std::size_t i);
+  tensor::Tensor flag_tensor() const;
   void progress_loop();
   comm::Communicator& comm_;
   tensor::ExecContext ctx_;
   float* grads_;
-  std::vector<float> staging_;    ///< host copy of the gradients when staged()
-  bool alone_on_device_ = false;  ///< device gradients, host communicator of one rank
+  std::vector<float> staging_;     ///< host copy of the gradients when staged()
+  bool alone_on_device_ = false;   ///< device gradients, host communicator of one rank
+  tensor::ExecContext scan_ctx_;   ///< where the scans run: ctx_, or the host if staged()
+  std::uint64_t* flag_ = nullptr;  ///< kernels::first_nonfinite_min's flag, scan_ctx_'s memory
   std::vector<std::size_t> begins_,
       ends_;  ///< bucket i = [begins_[i], ends_[i]); i = 0 is the last range
   std::vector<comm::Request> requests_;

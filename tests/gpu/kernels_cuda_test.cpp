@@ -756,6 +756,33 @@ TEST_F(CudaVsKokkos, FirstNonfiniteMatchesKokkos) {
   }
 }
 
+// The asynchronous scan lowers a device flag exactly as the Kokkos one lowers a host flag,
+// over a series of ranges of one buffer (what GradBuckets does with a step's buckets).
+TEST_F(CudaVsKokkos, FirstNonfiniteMinMatchesKokkosOverASeries) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Index n = (Index{1} << 20) + 5;
+  auto x = random_vec(static_cast<std::size_t>(n), 1310);
+  x[900001] = nan;
+  x[300007] = -std::numeric_limits<float>::infinity();
+  const std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::uint64_t> host_flag{none};
+  const DeviceBuffer<float> dx(x);
+  const DeviceBuffer<std::uint64_t> dflag(host_flag);
+  const Index per = 250000;
+  for (Index end = n; end > 0; end -= std::min(end, per)) {  // from the end, as backward
+    const Index begin = end > per ? end - per : 0;
+    std::vector<float> part(x.begin() + begin, x.begin() + end);
+    first_nonfinite_min(kokkos_ctx(), view(part, {end - begin}), static_cast<std::uint64_t>(begin),
+                        view(host_flag, {1}));
+    Tensor range = dx.view({n});
+    range.data = static_cast<float*>(range.data) + begin;
+    range.shape = Shape{end - begin};
+    first_nonfinite_min(cuda(), range, static_cast<std::uint64_t>(begin), dflag.view({1}));
+  }
+  EXPECT_EQ(host_flag[0], 300007u);
+  EXPECT_EQ(dflag.download(1)[0], host_flag[0]);
+}
+
 // --- AdamW
 // ----------------------------------------------------------------------------------------
 

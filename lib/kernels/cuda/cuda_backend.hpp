@@ -48,6 +48,8 @@ void run(void* stream, const kernels::detail::RoundToStorageArgs& a);
 void run(void* stream, const kernels::detail::SumOfSquaresArgs& a);
 /// Synchronises the stream and writes *a.result (host memory).
 void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a);
+/// Enqueued only: lowers *a.flag (device memory) without synchronising.
+void run(void* stream, const kernels::detail::FirstNonfiniteMinArgs& a);
 void run(void* stream, const kernels::detail::AdamwArgs& a);
 
 // --- fused attention (cuDNN SDPA; cuda/attention_cudnn.cpp, DSTRAIN_HAVE_CUDNN builds) ---

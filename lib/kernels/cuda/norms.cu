@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(kFinishThreads)
 /// comparison), by an integer atomicMin per warp: the answer does not depend on the order.
 template <bool kVec>
 __global__ void find_nonfinite(const float* x,  // (n)
-                               const Index n, unsigned long long* first) {
+                               const Index n, const unsigned long long offset,
+                               unsigned long long* first) {
   unsigned long long local = ULLONG_MAX;
   for (Index q = grid_start(); q < ceil_div(n, 4); q += grid_stride()) {
     float v[4];
@@ -65,7 +66,7 @@ __global__ void find_nonfinite(const float* x,  // (n)
     }
   }
   local = warp_min(local);
-  if (threadIdx.x % kWarp == 0 && local != ULLONG_MAX) atomicMin(first, local);
+  if (threadIdx.x % kWarp == 0 && local != ULLONG_MAX) atomicMin(first, offset + local);
 }
 
 template <bool kVec>
@@ -117,12 +118,25 @@ void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a) {
   with_flag(aligned16(a.x), [&](auto kVec) {
     DST_CUDA_LAUNCH("dst::kernels::first_nonfinite::elements",
                     find_nonfinite<decltype(kVec)::value>, element_grid(ceil_div(a.n, 4)),
-                    dim3(kElementThreads), s, a.x, a.n, flag);
+                    dim3(kElementThreads), s, a.x, a.n, 0ull, flag);
   });
   auto* host = static_cast<unsigned long long*>(sc.host);
   DST_CUDA_CHECK(cudaMemcpyAsync(host, flag, sizeof *host, cudaMemcpyDeviceToHost, s));
   DST_CUDA_CHECK(cudaStreamSynchronize(s));
   *a.result = *host == ULLONG_MAX ? -1 : static_cast<Index>(*host);
+}
+
+void run(void* stream, const kernels::detail::FirstNonfiniteMinArgs& a) {
+  using namespace detail;
+  const cudaStream_t s = stream_of(stream);
+  auto* flag = reinterpret_cast<unsigned long long*>(a.flag);
+  static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
+  with_flag(aligned16(a.x), [&](auto kVec) {
+    DST_CUDA_LAUNCH("dst::kernels::first_nonfinite_min::elements",
+                    find_nonfinite<decltype(kVec)::value>, element_grid(ceil_div(a.n, 4)),
+                    dim3(kElementThreads), s, a.x, a.n, static_cast<unsigned long long>(a.offset),
+                    flag);
+  });
 }
 
 void run(void* stream, const kernels::detail::ScaleArgs& a) {

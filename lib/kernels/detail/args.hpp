@@ -145,6 +145,13 @@ struct FirstNonfiniteArgs {
   Index* result;  ///< host memory: the first position, or -1
 };
 
+struct FirstNonfiniteMinArgs {
+  const float* x;  // (n)
+  Index n;
+  std::uint64_t offset;
+  std::uint64_t* flag;  ///< the back end's memory: lowered to offset + the first position
+};
+
 /// The float constants of one AdamW step, computed once in kernels.cpp (double, then
 /// rounded) so that every back end applies exactly the same values.
 struct AdamwArgs {

@@ -83,6 +83,21 @@ void run(const kernels::detail::FirstNonfiniteArgs& a) {
   *a.result = first_nonfinite(Space(), Vector<Space, const float>(a.x, a.n));
 }
 
+void run(const kernels::detail::FirstNonfiniteMinArgs& a) {
+  using namespace detail;
+  const Index at = first_nonfinite(Space(), Vector<Space, const float>(a.x, a.n));
+  if (at < 0) return;
+  // The flag lives in the back end's memory space: lowered by one work item there.
+  const std::uint64_t found = a.offset + static_cast<std::uint64_t>(at);
+  std::uint64_t* flag = a.flag;
+  Kokkos::parallel_for(
+      "dst::kernels::first_nonfinite_min", Kokkos::RangePolicy<Space>(0, 1),
+      KOKKOS_LAMBDA(const int) {
+        if (found < *flag) *flag = found;
+      });
+  Space().fence();
+}
+
 void run(const kernels::detail::ScaleArgs& a) {
   using namespace detail;
   scale(Space(), Vector<Space, float>(a.x, a.n), a.factor);

@@ -97,6 +97,36 @@ TEST(FirstNonfinite, FindsTheFirstNanOrInf) {
   EXPECT_EQ(first_nonfinite(ctx, view(y, {3})), 2);
 }
 
+// The scan that does not wait: a series lowers one flag to offset + the first position,
+// whatever the order of the calls; finite ranges and empty ones leave it alone.
+TEST(FirstNonfiniteMin, LowersTheFlagToTheFirstOffsetOfASeries) {
+  const auto ctx = kokkos_ctx();
+  FpTrapOff trap_off;
+  std::vector<float> x = random_vec(3000, 5, -1.0f, 1.0f);
+  x[2500] = std::numeric_limits<float>::quiet_NaN();
+  x[1200] = std::numeric_limits<float>::infinity();
+  x[1300] = -std::numeric_limits<float>::infinity();
+  std::vector<std::uint64_t> flag{std::numeric_limits<std::uint64_t>::max()};
+  const Tensor f{flag.data(), Shape{1}, DType::u64};
+  const auto range = [&](std::size_t begin, std::size_t end) {
+    return Tensor{x.data() + begin, Shape{static_cast<std::int64_t>(end - begin)}};
+  };
+  first_nonfinite_min(ctx, range(2000, 3000), 2000, f);  // the last range first, as backward
+  EXPECT_EQ(flag[0], 2500u);
+  first_nonfinite_min(ctx, range(0, 1000), 0, f);  // finite: unchanged
+  EXPECT_EQ(flag[0], 2500u);
+  first_nonfinite_min(ctx, range(1000, 2000), 1000, f);
+  EXPECT_EQ(flag[0], 1200u);
+  first_nonfinite_min(ctx, range(2000, 3000), 2000, f);  // a later, higher hit: unchanged
+  EXPECT_EQ(flag[0], 1200u);
+  first_nonfinite_min(ctx, Tensor{nullptr, Shape{0}}, 0, f);
+  EXPECT_EQ(flag[0], 1200u);
+  std::vector<std::int64_t> wrong(1);
+  EXPECT_THROW(
+      first_nonfinite_min(ctx, range(0, 10), 0, Tensor{wrong.data(), Shape{1}, DType::i64}),
+      dst::Error);
+}
+
 TEST(Scale, CorrectlyRoundedProduct) {
   // One float multiplication: the exact product (exact in double: 24 + 24 bits) rounded
   // once to float, bit for bit.
