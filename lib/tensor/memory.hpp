@@ -18,7 +18,9 @@
 
 namespace dst::tensor {
 
-/// Where the buffers of a context live: its back end's memory.
+/// Where the buffers of a context live: its back end's memory. The Kokkos back end's is
+/// host memory here (Serial / OpenMP); a Kokkos device back end would need its own case
+/// in this allocator; until then kernels.cpp's device check rejects such buffers by name.
 constexpr Device device_of(const ExecContext& ctx) {
   return ctx.backend == Backend::cuda ? Device::cuda : Device::host;
 }
