@@ -1,6 +1,9 @@
 // Kokkos back-end kernels at the model presets' shapes (N = B*T = 2048 tokens):
 //   preset 0 "tiny":  C = 256, F = 688,  V = 260,  H = 4, T = 256
 //   preset 1 "small": C = 512, F = 1376, V = 4096, H = 8, T = 512
+// and the passes over the whole gradient buffer of one optimizer step (the non-finite
+// scan, the sum of squares for the norm, AdamW) at the presets' parameter counts:
+// tiny 3,297,536, small 29,499,904 floats.
 //
 //   kernels_benchmark [--benchmark_filter=rmsnorm]
 //
@@ -207,6 +210,40 @@ void BM_zero(benchmark::State& state) {
   finish(state, 4.0 * kTokens * p.f, kTokens);
 }
 
+// --- passes over the flat gradient buffer, once per optimizer step ----------------------
+// (the parameter counts of model::preset("tiny") and ("small"), as dstrain train prints)
+constexpr std::int64_t kParams[] = {3'297'536, 29'499'904};
+
+void BM_first_nonfinite(benchmark::State& state) {
+  const std::int64_t n = kParams[state.range(0)];
+  Buffer g({n}, -1e-3f, 1e-3f);  // all finite: the whole buffer is read (the common case)
+  for (auto _ : state)
+    benchmark::DoNotOptimize(dst::kernels::first_nonfinite(kCtx, g.tensor));
+  finish(state, 4.0 * n, static_cast<double>(n));
+}
+
+void BM_sum_of_squares(benchmark::State& state) {
+  const std::int64_t n = kParams[state.range(0)];
+  Buffer g({n}, -1e-3f, 1e-3f);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(dst::kernels::sum_of_squares(kCtx, g.tensor));
+  finish(state, 4.0 * n, static_cast<double>(n));
+}
+
+void BM_adamw_step(benchmark::State& state) {
+  const std::int64_t n = kParams[state.range(0)];
+  Buffer p({n}, -0.05f, 0.05f, 1), g({n}, -1e-3f, 1e-3f, 2), m({n}, 0.0f, 0.0f, 3),
+      v({n}, 0.0f, 0.0f, 4);
+  dst::kernels::AdamWHyper h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  for (auto _ : state) {
+    dst::kernels::adamw_step(kCtx, p.tensor, g.tensor, m.tensor, v.tensor, h);
+    ++h.step;
+  }
+  finish(state, 4.0 * 7 * n, static_cast<double>(n));  // p, g, m, v read; p, m, v written
+}
+
 #define DST_KERNEL_BENCHMARK(fn) BENCHMARK(fn)->ArgName("preset")->Arg(0)->Arg(1)
 DST_KERNEL_BENCHMARK(BM_embedding_forward);
 DST_KERNEL_BENCHMARK(BM_embedding_backward);
@@ -223,6 +260,9 @@ DST_KERNEL_BENCHMARK(BM_cross_entropy_fused);
 DST_KERNEL_BENCHMARK(BM_add);
 DST_KERNEL_BENCHMARK(BM_accumulate);
 DST_KERNEL_BENCHMARK(BM_zero);
+DST_KERNEL_BENCHMARK(BM_first_nonfinite);
+DST_KERNEL_BENCHMARK(BM_sum_of_squares);
+DST_KERNEL_BENCHMARK(BM_adamw_step);
 
 }  // namespace
 

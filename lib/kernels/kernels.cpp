@@ -413,6 +413,19 @@ double sum_of_squares(const ExecContext& ctx, const Tensor& x) {
   return result;
 }
 
+void sum_of_squares_into(const ExecContext& ctx, const Tensor& x, const Tensor& out,
+                         std::int64_t index) {
+  constexpr const char* k = "sum_of_squares_into";
+  check_backend(ctx, k);
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  expect_rank(out, 1, DType::f64, k, "out", "(count)");
+  expect(ctx, out, out.shape, DType::f64, k, "out");
+  if (out.shape.rank != 1 || index < 0 || index >= out.shape[0])
+    throw Error(what(k, "index") + ": " + std::to_string(index) + " is outside out " +
+                out.shape.str());
+  dispatch(ctx, detail::SumOfSquaresIntoArgs{x.ptr<float>(), x.numel(), out.ptr<double>() + index});
+}
+
 std::int64_t first_nonfinite(const ExecContext& ctx, const Tensor& x) {
   constexpr const char* k = "first_nonfinite";
   check_backend(ctx, k);

@@ -107,6 +107,12 @@ void round_to_storage(const ExecContext& ctx, const Tensor& x, DType storage);
 /// the back end's reduction order), so a back end with a fixed thread count returns the
 /// same bits on every run and every rank. NaN and Inf propagate (NaN stays NaN).
 double sum_of_squares(const ExecContext& ctx, const Tensor& x);
+/// The same sum, bit for bit, written to out[index] (out: (count) f64 in ctx's memory)
+/// without waiting for it: nothing is copied to the host, so on a GPU the sums of a whole
+/// gradient buffer's tensors cost one stream synchronisation (the caller's one copy of
+/// out), not one each. An empty x writes 0. Throws dst::Error for an index outside out.
+void sum_of_squares_into(const ExecContext& ctx, const Tensor& x, const Tensor& out,
+                         std::int64_t index);
 /// Position (flat index) of the first NaN or +-Inf element of x (f32), or -1 when all are
 /// finite. Decided on the bits, so it raises no floating-point exception; a min reduction,
 /// so the answer does not depend on the order.

@@ -6,16 +6,46 @@
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::train {
 
+GradNorm::~GradNorm() {
+  release();
+}
+
+void GradNorm::release() {
+  if (device_sums_) tensor::release(device_, device_sums_, stream_);
+  device_sums_ = nullptr;
+  device_count_ = 0;
+}
+
 double GradNorm::compute(const tensor::ExecContext& ctx, const model::ParamStore& store) {
-  per_tensor_.resize(store.size());
+  const std::size_t n = store.size();
+  per_tensor_.resize(n);
   total_ = 0.0;
-  for (std::size_t i = 0; i < store.size(); ++i) {
-    per_tensor_[i] = kernels::sum_of_squares(ctx, store.grad(i));
-    total_ += per_tensor_[i];
+  if (n == 0) return total_;
+  const tensor::Device device = tensor::device_of(ctx);
+  double* sums = per_tensor_.data();
+  if (device != tensor::Device::host) {
+    if (!device_sums_ || device_count_ != n || device_ != device || stream_ != ctx.stream) {
+      release();
+      device_sums_ = static_cast<double*>(
+          tensor::allocate(device, n * sizeof(double), ctx.stream, "gradient norm sums"));
+      device_count_ = n;
+      device_ = device;
+      stream_ = ctx.stream;
+    }
+    sums = device_sums_;
   }
+  tensor::Tensor out{sums, {static_cast<std::int64_t>(n)}, DType::f64};
+  out.device = device;
+  for (std::size_t i = 0; i < n; ++i)
+    kernels::sum_of_squares_into(ctx, store.grad(i), out, static_cast<std::int64_t>(i));
+  if (device != tensor::Device::host)
+    tensor::copy(ctx, per_tensor_.data(), device_sums_, n * sizeof(double));  // waits
+  for (std::size_t i = 0; i < n; ++i)
+    total_ += per_tensor_[i];
   return total_;
 }
 

@@ -16,9 +16,17 @@ namespace dst::train {
 
 class GradNorm {
  public:
-  /// Sums of squares of each gradient tensor (kernels::sum_of_squares, double), then their
-  /// sum in store order: a fixed order, so equal gradients give equal bits on every rank.
-  /// Returns that local total. Storage is reused: no allocation after the first call.
+  GradNorm() = default;
+  GradNorm(const GradNorm&) = delete;
+  GradNorm& operator=(const GradNorm&) = delete;
+  ~GradNorm();
+
+  /// Sums of squares of each gradient tensor (kernels::sum_of_squares_into, double), then
+  /// their sum in store order: a fixed order, so equal gradients give equal bits on every
+  /// rank. Returns that local total. The per-tensor sums land in one buffer in ctx's memory
+  /// and come to the host in one copy: on a GPU, one stream synchronisation per step, not
+  /// one per tensor. Storage is reused: no allocation after the first call (or after a
+  /// change of back end or store size).
   double compute(const tensor::ExecContext& ctx, const model::ParamStore& store);
 
   /// Per tensor, in store order (metrics: the norm of each tensor's gradient).
@@ -26,8 +34,15 @@ class GradNorm {
   double local_sum_of_squares() const { return total_; }
 
  private:
+  void release();
+
   std::vector<double> per_tensor_;
   double total_ = 0.0;
+  // The per-tensor sums in the back end's memory where that is not the host's.
+  double* device_sums_ = nullptr;
+  std::size_t device_count_ = 0;
+  tensor::Device device_ = tensor::Device::host;
+  void* stream_ = nullptr;
 };
 
 /// Where the first non-finite gradient value is: tensor index in store order and flat

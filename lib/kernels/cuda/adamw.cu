@@ -27,7 +27,9 @@ __device__ __forceinline__ void adamw_element(float& p, const float grad, float&
                                      : __fsub_rn(g, __fmul_rn(__fsub_rn(g, m), k.one_minus_w));
   const float v_new =
       __fadd_rn(__fmul_rn(v, k.beta2), __fmul_rn(__fmul_rn(k.one_minus_beta2, g), g));
-  const float root = __double2float_rn(__dsqrt_rn(static_cast<double>(v_new)));
+  // IEEE sqrt is correctly rounded: __fsqrt_rn gives the bits of sqrtf (and of the Kokkos
+  // kernel's), without a trip through the GPU's slower double unit.
+  const float root = __fsqrt_rn(v_new);
   const float denom = __fadd_rn(__fdiv_rn(root, k.bias2_sqrt), k.eps);
   m = m_new;
   v = v_new;

@@ -46,6 +46,7 @@ void run(void* stream, const kernels::detail::ScaleArgs& a);
 void run(void* stream, const kernels::detail::RoundToStorageArgs& a);
 /// Synchronises the stream and writes *a.result (host memory).
 void run(void* stream, const kernels::detail::SumOfSquaresArgs& a);
+void run(void* stream, const kernels::detail::SumOfSquaresIntoArgs& a);
 /// Synchronises the stream and writes *a.result (host memory).
 void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a);
 /// Enqueued only: lowers *a.flag (device memory) without synchronising.

@@ -81,30 +81,49 @@ __global__ void scale_elements(float* x, const float factor, const Index n) {
   }
 }
 
+/// Enqueues the sum of squares of x (n) into result (device memory); partials from scratch
+/// (stream-ordered: the next call's kernels reuse it only after this call's have run).
+void enqueue_sum_of_squares(const cudaStream_t s, const float* x, const Index n, double* result,
+                            const Scratch& sc, const std::size_t partials_at) {
+  if (n == 0) {
+    DST_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof *result, s));  // all-zero bits: +0.0
+    return;
+  }
+  const Index blocks = std::min(kSquaresBlocks, ceil_div(ceil_div(n, 4), kSquaresThreads));
+  auto* partials = reinterpret_cast<double*>(sc.device + partials_at);
+  with_flag(aligned16(x), [&](auto kVec) {
+    DST_CUDA_LAUNCH("dst::kernels::sum_of_squares::partials",
+                    squares_partials<decltype(kVec)::value>, dim3(static_cast<unsigned>(blocks)),
+                    dim3(kSquaresThreads), s, x, n, partials);
+  });
+  DST_CUDA_LAUNCH("dst::kernels::sum_of_squares::finish", squares_finish, dim3(1),
+                  dim3(kFinishThreads), s, partials, blocks, result);
+}
+
 }  // namespace
 }  // namespace detail
 
 void run(void* stream, const kernels::detail::SumOfSquaresArgs& a) {
   using namespace detail;
   const cudaStream_t s = stream_of(stream);
-  const Index blocks = std::min(kSquaresBlocks, ceil_div(ceil_div(a.n, 4), kSquaresThreads));
   ScratchLayout layout;
   const std::size_t partials_at = layout.add(sizeof(double) * kSquaresBlocks);
   const std::size_t result_at = layout.add(sizeof(double));
   const Scratch sc = scratch(s, layout.bytes());
-  auto* partials = reinterpret_cast<double*>(sc.device + partials_at);
   auto* result = reinterpret_cast<double*>(sc.device + result_at);
-  with_flag(aligned16(a.x), [&](auto kVec) {
-    DST_CUDA_LAUNCH("dst::kernels::sum_of_squares::partials",
-                    squares_partials<decltype(kVec)::value>, dim3(static_cast<unsigned>(blocks)),
-                    dim3(kSquaresThreads), s, a.x, a.n, partials);
-  });
-  DST_CUDA_LAUNCH("dst::kernels::sum_of_squares::finish", squares_finish, dim3(1),
-                  dim3(kFinishThreads), s, partials, blocks, result);
+  enqueue_sum_of_squares(s, a.x, a.n, result, sc, partials_at);
   auto* host = static_cast<double*>(sc.host);
   DST_CUDA_CHECK(cudaMemcpyAsync(host, result, sizeof *host, cudaMemcpyDeviceToHost, s));
   DST_CUDA_CHECK(cudaStreamSynchronize(s));
   *a.result = *host;
+}
+
+void run(void* stream, const kernels::detail::SumOfSquaresIntoArgs& a) {
+  using namespace detail;
+  const cudaStream_t s = stream_of(stream);
+  ScratchLayout layout;
+  const std::size_t partials_at = layout.add(sizeof(double) * kSquaresBlocks);
+  enqueue_sum_of_squares(s, a.x, a.n, a.out, scratch(s, layout.bytes()), partials_at);
 }
 
 void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a) {

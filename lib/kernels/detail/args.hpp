@@ -139,6 +139,12 @@ struct SumOfSquaresArgs {
   double* result;  ///< host memory: the sum
 };
 
+struct SumOfSquaresIntoArgs {
+  const float* x;  // (n)
+  Index n;
+  double* out;  ///< the back end's memory: receives the sum
+};
+
 struct FirstNonfiniteArgs {
   const float* x;  // (n)
   Index n;

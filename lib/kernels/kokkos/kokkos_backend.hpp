@@ -38,6 +38,7 @@ void run(const kernels::detail::ZeroArgs& a);
 void run(const kernels::detail::ScaleArgs& a);
 void run(const kernels::detail::RoundToStorageArgs& a);
 void run(const kernels::detail::SumOfSquaresArgs& a);
+void run(const kernels::detail::SumOfSquaresIntoArgs& a);
 void run(const kernels::detail::FirstNonfiniteArgs& a);
 void run(const kernels::detail::FirstNonfiniteMinArgs& a);
 void run(const kernels::detail::AdamwArgs& a);

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <vector>
@@ -72,6 +73,35 @@ TEST(SumOfSquares, EmptyIsZeroAndNonFinitePropagates) {
   EXPECT_EQ(sum_of_squares(kokkos_ctx(), view(big, {2})), 2 * big2);
 }
 
+// The variant that does not wait: the same reduction, so the same bits, into one slot of an
+// f64 buffer (the gradient norm's per-tensor sums); the other slots stay as they were.
+TEST(SumOfSquaresInto, SameBitsAsTheBlockingSumIntoItsSlotOnly) {
+  const auto ctx = kokkos_ctx();
+  const std::int64_t sizes[] = {1, 13, 8191, 8193, 200004};
+  std::vector<double> out(6, -1.0);
+  const Tensor out_t{out.data(), Shape{6}, DType::f64};
+  std::uint32_t seed = 30;
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    auto x = random_vec(static_cast<std::size_t>(sizes[i]), seed++, -3.0f, 3.0f);
+    const double ref = sum_of_squares(ctx, view(x, {sizes[i]}));
+    sum_of_squares_into(ctx, view(x, {sizes[i]}), out_t, static_cast<std::int64_t>(i));
+    EXPECT_EQ(std::memcmp(&out[i], &ref, sizeof ref), 0) << "n=" << sizes[i];
+    EXPECT_EQ(out[i + 1], -1.0) << "slot " << i + 1 << " written";
+  }
+  sum_of_squares_into(ctx, Tensor{nullptr, Shape{0}}, out_t, 5);  // empty: +0
+  EXPECT_EQ(out[5], 0.0);
+  EXPECT_FALSE(std::signbit(out[5]));
+
+  std::vector<float> x(10, 1.0f);
+  EXPECT_THROW(sum_of_squares_into(ctx, view(x, {10}), out_t, 6), Error);
+  EXPECT_THROW(sum_of_squares_into(ctx, view(x, {10}), out_t, -1), Error);
+  std::vector<float> wrong(6);
+  EXPECT_THROW(sum_of_squares_into(ctx, view(x, {10}), view(wrong, {6}), 0), Error);
+  EXPECT_THROW(
+      sum_of_squares_into(ctx, view(x, {10}), Tensor{out.data(), Shape{2, 3}, DType::f64}, 0),
+      Error);
+}
+
 TEST(FirstNonfinite, FindsTheFirstNanOrInf) {
   const auto ctx = kokkos_ctx();
   std::vector<float> x = random_vec(100000, 3, -1e30f, 1e30f);
@@ -95,6 +125,26 @@ TEST(FirstNonfinite, FindsTheFirstNanOrInf) {
   std::memcpy(&neg_nan, &neg_nan_bits, sizeof neg_nan);
   std::vector<float> y{1.0f, 2.0f, neg_nan};
   EXPECT_EQ(first_nonfinite(ctx, view(y, {3})), 2);
+}
+
+// The Kokkos search works in chunks of 4096 elements (a vectorised screen, then the exact
+// position): hits at a chunk's first and last element, two in one chunk, and one in the
+// last, partial chunk only.
+TEST(FirstNonfinite, ChunkEdges) {
+  const auto ctx = kokkos_ctx();
+  FpTrapOff trap_off;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::int64_t at : {4095L, 4096L, 8191L, 99999L}) {
+    std::vector<float> x = random_vec(100000, 5, -1.0f, 1.0f);
+    x[static_cast<std::size_t>(at)] = inf;
+    EXPECT_EQ(first_nonfinite(ctx, view(x, {100000})), at);
+  }
+  std::vector<float> x = random_vec(100000, 6, -1.0f, 1.0f);
+  x[4100] = std::numeric_limits<float>::quiet_NaN();
+  x[4097] = -inf;  // same chunk, earlier
+  x[9000] = inf;
+  EXPECT_EQ(first_nonfinite(ctx, view(x, {100000})), 4097);
+  EXPECT_EQ(first_nonfinite(ctx, view(x, {4097})), -1);  // stops just before it
 }
 
 // The scan that does not wait: a series lowers one flag to offset + the first position,

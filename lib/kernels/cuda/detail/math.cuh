@@ -1,8 +1,8 @@
 #pragma once
 /// \file math.cuh
 /// Scalar math of the CUDA back end that must give the same bits as the Kokkos back end:
-/// the branch-free exp and the sigmoid of kernels/kokkos/detail/common.hpp, the
-/// non-finite test of kokkos/norms.cpp, and the bf16 / f16 rounding of core/bf16.cpp,
+/// the branch-free exp, the sigmoid and the non-finite test (shared with it:
+/// kernels/detail/fast_math.hpp), and the bf16 / f16 rounding of core/bf16.cpp, ported
 /// operation for operation. Host and device functions (plain inline functions when a C++
 /// compiler includes this header), so a host test can check every port bitwise against
 /// its original; on the device the same bits follow because the back end is compiled
@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/detail/fast_math.hpp"
+
 #if defined(__CUDACC__)
 #define DST_CUDA_HD __host__ __device__ __forceinline__
 #else
@@ -20,76 +22,17 @@
 
 namespace dst::kernels::cuda_backend::detail::math {
 
-DST_CUDA_HD std::uint32_t float_bits(const float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  std::uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
-}
-
-DST_CUDA_HD float bits_float(const std::uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f = 0.0f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+// The exp, sigmoid and non-finite test are the Kokkos back end's own definitions
+// (kernels/detail/fast_math.hpp), shared rather than ported.
+using ::dst::kernels::detail::fast_math::abs_bits;
+using ::dst::kernels::detail::fast_math::bits_float;
+using ::dst::kernels::detail::fast_math::fast_exp;
+using ::dst::kernels::detail::fast_math::float_bits;
+using ::dst::kernels::detail::fast_math::nonfinite_bits;
+using ::dst::kernels::detail::fast_math::sigmoid;
 
 DST_CUDA_HD float negative_infinity() {
   return bits_float(0xff800000u);
-}
-
-DST_CUDA_HD float abs_bits(const float x) {
-  return bits_float(float_bits(x) & 0x7fffffffu);  // fabs: clears the sign, NaN stays NaN
-}
-
-/// The Kokkos back end's fast_exp (Cody-Waite reduction, Cephes' degree-6 polynomial,
-/// 2^n from the exponent bits; <= 1 ulp), the same float operations in the same order.
-DST_CUDA_HD float fast_exp(const float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  constexpr float kMin = -87.33654f;     // ln(FLT_MIN)
-  constexpr float kMax = 88.72283f;      // ln(FLT_MAX), rounded down
-  const float xl = x < kMin ? kMin : x;
-  const float xc = xl > kMax ? kMax : xl;
-  const float t = xc * kLog2e + kRound;
-  const float n = t - kRound;
-  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const std::int32_t ni = static_cast<std::int32_t>(float_bits(t)) - 0x4B400000;
-  const std::int32_t n1 = ni >> 1;
-  // Shifted as unsigned (no signed-shift UB); the bits are those of Kokkos' int32 shifts.
-  const float s1 = bits_float(static_cast<std::uint32_t>(n1 + 127) << 23);
-  const float s2 = bits_float(static_cast<std::uint32_t>(ni - n1 + 127) << 23);
-  const float y = p * s1 * s2;
-  const float y_lo = x < kMin ? 0.0f : y;
-  return x > kMax ? bits_float(0x7f800000u) : y_lo;
-}
-
-/// The Kokkos back end's overflow-free logistic sigmoid.
-DST_CUDA_HD float sigmoid(const float x) {
-  const float e = fast_exp(-abs_bits(x));
-  const float inv = 1.0f / (1.0f + e);
-  const float e_inv = e * inv;
-  return x >= 0.0f ? inv : e_inv;
-}
-
-/// NaN or +-Inf, decided on the exponent bits (kokkos/norms.cpp).
-DST_CUDA_HD bool nonfinite_bits(const float x) {
-  return (float_bits(x) & 0x7f800000u) == 0x7f800000u;
 }
 
 /// core/bf16.cpp's bf16::from_float then to_float: round to nearest even on the bits;
