@@ -105,7 +105,7 @@ def main():
     data = os.path.join(work, "data")
     run([py, os.path.join(src, "tests/e2e/training/synthetic_language.py"), "generate", data,
          "--seq-len", "512", "--train-samples", "64", "--valid-samples", "2"])
-    rows, peaks = [], []
+    rows, peaks, together = [], [], []
     for preset, seq, micro, steps, warmup in CASES[mode]:
         got = {k: [] for k in ("d1", "d2", "p1", "p2")}
         fpt = None
@@ -117,17 +117,23 @@ def main():
                 peaks.append(peak)
                 r, fpt = ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup)
                 got[f"p{ranks}"].append(r)
+            both = concurrent_sgemm_peak(dstrain, 2)  # sampled as often as the runs' peaks
+            if both is not None:
+                together.append(both)
             print(f"  {preset} rep {rep + 1}/{reps}: " +
                   ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()), flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append((preset, seq, micro, fpt, med, got))
     peak = statistics.median(peaks)
-    together = concurrent_sgemm_peak(dstrain, 2)
     print(f"\nSGEMM peak (median of {len(peaks)} dstrain start-up measurements): {peak:.1f} "
           f"GFLOP/s per core")
-    if together is not None:
-        print(f"SGEMM rate per core with 2 running at once: {together:.1f} GFLOP/s "
-              f"({100 * together / peak:.0f}% of one alone)")
+    if together:
+        print(f"SGEMM rate per core with 2 running at once (median of {len(together)}, one per "
+              f"repetition): {statistics.median(together):.1f} GFLOP/s "
+              f"({100 * statistics.median(together) / peak:.0f}% of one alone)")
+        together = statistics.median(together)
+    else:
+        together = None
     print(f"medians of {reps} repetitions; tokens/s of all ranks together; MFU vs peak x ranks")
     print("| model | seq x micro/rank | implementation | ranks | tokens/s | min-max | model GFLOP/s "
           "| MFU |")
