@@ -14,6 +14,10 @@ median of its timed steps after WARMUP. Figures are the medians over the repetit
                   median of the single-thread SGEMM 2048^3 rates dstrain measured at the
                   start of its runs (the same OpenBLAS and environment)
   scaling       = tokens/s at 2 ranks / (2 x tokens/s at 1 rank)
+  MFU near      = the median over repetitions of each run's MFU against the peak measured
+                  seconds from it: a dstrain run's own start-up peak; for PyTorch, that of the
+                  dstrain run just before (same rank count). Rate and peak then share the
+                  VM's speed of the moment.
 The table also gives each cell's range over the repetitions: on a shared VM one run can be
 30 % off another minutes later, and the range says how far to trust a median.
 
@@ -108,6 +112,10 @@ def main():
     rows, peaks, together = [], [], []
     for preset, seq, micro, steps, warmup in CASES[mode]:
         got = {k: [] for k in ("d1", "d2", "p1", "p2")}
+        # MFU of each run against the peak measured seconds from it (PyTorch's: that of the
+        # dstrain run just before it, same rank count): the VM's speed drifts between
+        # repetitions, and a rate and a peak measured together drift together.
+        near = {k: [] for k in got}
         fpt = None
         for rep in range(reps):
             for ranks in (2, 1):
@@ -115,15 +123,19 @@ def main():
                                        steps, warmup)
                 got[f"d{ranks}"].append(r)
                 peaks.append(peak)
+                run_peak = peak
                 r, fpt = ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup)
                 got[f"p{ranks}"].append(r)
+                for key in ("d", "p"):
+                    near[f"{key}{ranks}"].append(fpt * got[f"{key}{ranks}"][-1] / 1e9 /
+                                                 (run_peak * ranks))
             both = concurrent_sgemm_peak(dstrain, 2)  # sampled as often as the runs' peaks
             if both is not None:
                 together.append(both)
             print(f"  {preset} rep {rep + 1}/{reps}: " +
                   ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()), flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
-        rows.append((preset, seq, micro, fpt, med, got))
+        rows.append((preset, seq, micro, fpt, med, got, near))
     peak = statistics.median(peaks)
     print(f"\nSGEMM peak (median of {len(peaks)} dstrain start-up measurements): {peak:.1f} "
           f"GFLOP/s per core")
@@ -135,18 +147,21 @@ def main():
     else:
         together = None
     print(f"medians of {reps} repetitions; tokens/s of all ranks together; MFU vs peak x ranks")
+    print("MFU: against the median peak; MFU near: median of each run's MFU against the peak "
+          "measured in the same (dstrain) or the adjacent dstrain run (PyTorch)")
     print("| model | seq x micro/rank | implementation | ranks | tokens/s | min-max | model GFLOP/s "
-          "| MFU |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+          "| MFU | MFU near |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     summary = []
-    for preset, seq, micro, fpt, med, got in rows:
+    for preset, seq, micro, fpt, med, got, near in rows:
         for impl, key in (("dstrain", "d"), ("PyTorch DDP (gloo)", "p")):
             for ranks in (1, 2):
                 tps = med[f"{key}{ranks}"]
                 g = fpt * tps / 1e9
                 runs = got[f"{key}{ranks}"]
                 print(f"| {preset} | {seq} x {micro} | {impl} | {ranks} | {tps:.0f} | "
-                      f"{min(runs):.0f}-{max(runs):.0f} | {g:.1f} | {100 * g / (peak * ranks):.1f}% |")
+                      f"{min(runs):.0f}-{max(runs):.0f} | {g:.1f} | {100 * g / (peak * ranks):.1f}% | "
+                      f"{100 * statistics.median(near[f'{key}{ranks}']):.1f}% |")
         speedup = med["d2"] / med["p2"]
         scaling = med["d2"] / (2 * med["d1"])
         ddp_scaling = med["p2"] / (2 * med["p1"])
@@ -154,7 +169,8 @@ def main():
         vs_together = (f" ({100 * mfu2 * peak / together:.1f}% of the 2-at-once SGEMM rate)"
                        if together else "")
         summary.append(f"{preset}: dstrain/DDP at 2 ranks {speedup:.2f}x; dstrain MFU at 2 ranks "
-                       f"{100 * mfu2:.1f}%{vs_together}; 1->2 scaling efficiency dstrain "
+                       f"{100 * mfu2:.1f}%{vs_together}, near {100 * statistics.median(near['d2']):.1f}%"
+                       f"; 1->2 scaling efficiency dstrain "
                        f"{100 * scaling:.1f}%, DDP {100 * ddp_scaling:.1f}%")
     print("\n" + "\n".join(summary))
     print("ddp compare: done")
