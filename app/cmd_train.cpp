@@ -199,11 +199,12 @@ std::string format_scale(double scale) {
 
 /// A GPU's dense peak in GFLOP/s for the run's precision, from its data sheet: NVIDIA
 /// H100 / H200 SXM (989.4 TFLOP/s bf16 and fp16 tensor cores without sparsity, 66.9
-/// TFLOP/s fp32). 0 for other devices: the MFU is then not reported.
+/// TFLOP/s fp32). 0 for other devices, the PCIe and NVL boards among them (lower clocks
+/// and power: other figures): the MFU is then not reported.
 double gpu_peak_gflops(const std::string& device_name, const std::string& precision) {
-  const bool hopper = device_name.find("H100") != std::string::npos ||
-                      device_name.find("H200") != std::string::npos;
-  if (!hopper) return 0.0;
+  const auto has = [&](const char* s) { return device_name.find(s) != std::string::npos; };
+  const bool hopper_sxm = (has("H100") || has("H200")) && !has("PCIe") && !has("NVL");
+  if (!hopper_sxm) return 0.0;
   return precision == "fp32" ? 66.9e3 : 989.4e3;
 }
 

@@ -358,8 +358,10 @@ class HandleCache {
     h->zeros = static_cast<float*>(z);
     DST_CUDA_CHECK(cudaMemset(h->zeros, 0, kZeroCount * sizeof(float)));  // +0.0f
     // cudaMemset may return before it is done, and a stream made with
-    // cudaStreamNonBlocking would not wait for it: finish it here, once.
-    DST_CUDA_CHECK(cudaDeviceSynchronize());
+    // cudaStreamNonBlocking would not wait for it: finish it here, once. Only the legacy
+    // stream it ran on is waited for, not the device: a collective of another stream
+    // (NCCL's) may be waiting for a peer that waits for this rank.
+    DST_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     DST_CUDA_CHECK(cudaEventCreateWithFlags(&h->handoff, cudaEventDisableTiming));
     entries_.push_back(std::move(h));
     return *entries_.back();

@@ -138,10 +138,19 @@ class NcclRequest final : public Request::Impl {
   ProbeResult probe() {
     if (comm_.aborted()) return ProbeResult::failed("the communicator had been aborted");
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaSuccess) return ProbeResult::ready();
+    if (e == cudaSuccess) {
+      // Done on the stream; an error NCCL reported meanwhile still fails it.
+      const ProbeResult state = probe_async_state(comm_.nccl_comm());
+      return state.state == ProbeResult::State::error ? state : ProbeResult::ready();
+    }
     if (e != cudaErrorNotReady)
+      // CUDA's errors are sticky: an earlier kernel's fault on any stream of this context
+      // (an illegal address in backward) surfaces here too. Rerun with
+      // CUDA_LAUNCH_BLOCKING=1 to see which launch it was.
       return ProbeResult::failed(std::string("cudaEventQuery: ") + cudaGetErrorName(e) + " (" +
-                                 cudaGetErrorString(e) + ")");
+                                 cudaGetErrorString(e) +
+                                 "; a CUDA error, possibly from an earlier kernel on any "
+                                 "stream, not necessarily NCCL's)");
     // Still running: a peer may be late (pending) or NCCL may have failed (a network
     // error, a peer's abort), which only ncclCommGetAsyncError tells.
     const ProbeResult state = probe_async_state(comm_.nccl_comm());

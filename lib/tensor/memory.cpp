@@ -91,7 +91,8 @@ void release(Device device, void* p, void* stream) noexcept {
   }
 #if DSTRAIN_HAVE_CUDA
   // At process exit the context may be gone; nothing useful can be done with a failure.
-  (void)cudaFreeAsync(p, as_stream(stream));
+  // Clear it, or the next kernel launch's error check would report it as its own.
+  if (cudaFreeAsync(p, as_stream(stream)) != cudaSuccess) (void)cudaGetLastError();
 #else
   (void)stream;
 #endif

@@ -623,12 +623,13 @@ struct ShapePlans {
 struct DeviceState {
   int device = 0;
   cudnnHandle_t handle = nullptr;
-  std::string refusal;  ///< why nothing runs on this device (no handle, old cuDNN, old GPU)
+  std::string refusal;    ///< why nothing runs on this device (no handle, old cuDNN, old GPU)
+  int compute_major = 0;  ///< the device's compute capability (major), once known
   std::map<PlanKey, ShapePlans> plans;
 };
 
 /// Why this device and cuDNN library cannot run the graphs, or "".
-std::string environment_refusal(const int device) {
+std::string environment_refusal(const int device, int* compute_major) {
   const std::size_t version = cudnnGetVersion();
   // The graphs above are cuDNN 9's spelling (cudnn-frontend gates older releases with other
   // graphs and sequence-length limits).
@@ -644,6 +645,7 @@ std::string environment_refusal(const int device) {
   if (status != cudaSuccess)
     return std::string("cudaDeviceGetAttribute(compute capability) failed: ") +
            cudaGetErrorString(status);
+  *compute_major = major;
   if (major < 8)
     return "compute capability " + std::to_string(major) +
            ".x: cuDNN's fused attention needs sm_80 or newer";
@@ -674,7 +676,7 @@ DeviceState* device_state(std::string* why) {
     if (s->device == device) return s.get();
   auto state = std::make_unique<DeviceState>();
   state->device = device;
-  state->refusal = environment_refusal(device);
+  state->refusal = environment_refusal(device, &state->compute_major);
   if (state->refusal.empty()) {
     const cudnnStatus_t created = cudnnCreate(&state->handle);
     if (created != CUDNN_STATUS_SUCCESS) {
@@ -686,13 +688,27 @@ DeviceState* device_state(std::string* why) {
   return states.back().get();
 }
 
-/// Limits cuDNN 9 documents for fp16/bf16 SDPA (cudnn-frontend's support surface: head dim a
-/// multiple of 8, at most 256; query heads a multiple of key/value heads), checked before any
-/// graph is built so the reason is plain.
-std::string shape_refusal(const FusedAttentionShape& s) {
+/// Limits cuDNN 9 documents for fp16/bf16 SDPA (cudnn-frontend's support surface,
+/// node/sdpa_support_surface.h and the backward node's checks), checked before any graph is
+/// built so the reason is plain. Forward and backward are refused together (the model runs
+/// both or neither fused).
+std::string shape_refusal(const FusedAttentionShape& s, const int compute_major) {
   if (s.b < 1 || s.t < 1 || s.h < 1 || s.kv < 1 || s.d < 1) return "every extent must be >= 1";
   if (s.h % s.kv != 0) return "H is not a multiple of KV";
   if (s.d % 8 != 0 || s.d > 256) return "head dim D must be a multiple of 8 and at most 256";
+  // The backward supports D up to 256 on Hopper and Blackwell only (sm_90, sm_100).
+  if (s.d > 128 && compute_major != 9 && compute_major != 10)
+    return "head dim D > 128: cuDNN's SDPA backward needs sm_90 or sm_100 for it";
+  if (s.t == 1) return "T = 1: cuDNN's SDPA backward does not support query and key length 1";
+  // Up to 9.15.0 the backward needs a padding mask as a work-around of a cuDNN bug when
+  // the key length is not a multiple of 128 (cudnn-frontend adds one); these graphs have
+  // none, so such releases run those lengths unfused.
+  const std::size_t version = cudnnGetVersion();
+  if (version <= 91500 && s.t % 128 != 0)
+    return "cuDNN " + std::to_string(version) +
+           " (<= 9.15.0) needs a padding-mask work-around in the SDPA backward when T is not a "
+           "multiple of 128 (" +
+           std::to_string(s.t) + ")";
   return "";
 }
 
@@ -714,7 +730,7 @@ const ShapePlans& shape_plans(DeviceState& state, const FusedAttentionShape& s) 
   auto found = state.plans.find(key);
   if (found != state.plans.end()) return found->second;
   ShapePlans entry;
-  entry.why = shape_refusal(s);
+  entry.why = shape_refusal(s, state.compute_major);
   if (entry.why.empty()) {
     try {
       entry.forward = make_plan(state.handle, s, true);

@@ -77,6 +77,11 @@ __global__ void __launch_bounds__(RowGroup<kGroup>::kBlock)
                                                static_cast<double>(target_logit))
                           : 0.0f;
   if constexpr (kFused) {
+    // dlogits may alias logits: another lane of the group overwrites l[t], which every lane
+    // read above. The reductions' shuffles do not order memory between lanes (and with one
+    // warp per group there is no __syncthreads): order the reads before the stores. Groups
+    // are whole warps, and an inactive row's warp has returned as a whole.
+    __syncwarp();
     float* d = dlogits + base;
     // softmax * grad_scale in one factor; sum >= 1 (the max's term is exp(0)).
     const float f = counted ? static_cast<float>(static_cast<double>(grad_scale) / sum) : 0.0f;
