@@ -262,7 +262,8 @@ void visit_parallel(V& v, S&... s) {
           s.pipeline...);
   v.field("parallel.backend",
           Spec("Communication back end of the gradients: auto = nccl when the model runs on "
-               "a GPU in an NCCL build, else mpi (docs/nccl.md).")
+               "a GPU in an NCCL build and the data group has more than one rank, else mpi "
+               "(docs/nccl.md).")
               .one_of({"auto", "mpi", "nccl"}),
           s.backend...);
   v.field("parallel.bucket_mb", Spec("Gradient all-reduce bucket size in MiB.").above(0),

@@ -25,7 +25,6 @@ std::pair<std::uint64_t, std::uint64_t> host_memory() {
   return {total, avail};
 }
 
-#if !DSTRAIN_HAVE_CUDA
 namespace {
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -39,37 +38,42 @@ std::string cpu_model() {
   return "host CPU";
 }
 }  // namespace
-#endif
 
 DeviceInfo select_device(int local_rank, int local_size) {
   DeviceInfo info;
+  (void)local_rank;  // a GPU's index only
 #if DSTRAIN_HAVE_CUDA
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
-  if (rc != cudaSuccess || count == 0)
-    throw Error(std::string("start-up: this is a CUDA build but no CUDA device is usable: ") +
-                (rc != cudaSuccess ? cudaGetErrorString(rc) : "0 devices"));
-  info.kind = "cuda";
-  info.index = local_rank % count;
-  if (cudaSetDevice(info.index) != cudaSuccess)
-    throw Error("start-up: cudaSetDevice(" + std::to_string(info.index) + ") failed");
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, info.index);
-  info.name = prop.name;
-  size_t free_b = 0, total_b = 0;
-  cudaMemGetInfo(&free_b, &total_b);
-  info.memory_bytes = total_b;
-  const int sharing = (local_size + count - 1) / count;
-  info.available_bytes_per_rank = free_b / static_cast<std::uint64_t>(sharing);
-#else
-  (void)local_rank;
+  if (rc == cudaSuccess && count > 0) {
+    info.kind = "cuda";
+    info.index = local_rank % count;
+    if (cudaSetDevice(info.index) != cudaSuccess)
+      throw Error("start-up: cudaSetDevice(" + std::to_string(info.index) + ") failed");
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, info.index) != cudaSuccess)
+      throw Error("start-up: cudaGetDeviceProperties(" + std::to_string(info.index) + ") failed");
+    info.name = prop.name;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+      throw Error("start-up: cudaMemGetInfo on device " + std::to_string(info.index) + " failed");
+    info.memory_bytes = total_b;
+    const int sharing = (local_size + count - 1) / count;
+    info.available_bytes_per_rank = free_b / static_cast<std::uint64_t>(sharing);
+    return info;
+  }
+  // A CUDA build without a usable GPU (a login node, a CPU partition, no driver) runs on
+  // the host like a CPU build: kernels.backend auto resolves to kokkos there, and cuda is
+  // a deck error that gives this reason (resolve_backends).
+  info.no_gpu_reason = rc != cudaSuccess ? cudaGetErrorString(rc) : "0 CUDA devices";
+  (void)cudaGetLastError();
+#endif
   const auto [total, avail] = host_memory();
   info.kind = "host";
   info.name = cpu_model();
   info.memory_bytes = total;
   info.available_bytes_per_rank =
       avail / static_cast<std::uint64_t>(local_size > 0 ? local_size : 1);
-#endif
   return info;
 }
 

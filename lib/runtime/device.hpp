@@ -7,7 +7,9 @@
 
 namespace dst::runtime {
 
-/// Chooses and binds this rank's device; throws dst::Error if a CUDA build finds none.
+/// Chooses and binds this rank's device: on a CUDA build the GPU local rank mod the device
+/// count; the host on other builds, and on a CUDA build that finds no usable GPU (then
+/// DeviceInfo::no_gpu_reason says why). Throws dst::Error if binding the GPU fails.
 DeviceInfo select_device(int local_rank, int local_size);
 
 /// A non-blocking CUDA stream on the bound device (a cudaStream_t), on which the model's

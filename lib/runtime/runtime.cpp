@@ -236,7 +236,8 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
   return out;
 }
 
-Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device) {
+Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device,
+                          const int data_ranks) {
   Backends b;
   const bool on_gpu = device.kind == "cuda";
   const auto& kern = config.kernels.backend;
@@ -246,16 +247,21 @@ Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& dev
     throw DeckError(
         "kernels.backend", "",
         core::built_with_cuda()
-            ? "'cuda' but this rank has no CUDA device (use 'kokkos' or 'auto')"
+            ? "'cuda' but this rank has no CUDA device" +
+                  (device.no_gpu_reason.empty() ? std::string()
+                                                : " (" + device.no_gpu_reason + ")") +
+                  " (use 'kokkos' or 'auto')"
             : "'cuda' needs a build with DSTRAIN_ENABLE_CUDA=ON (use 'kokkos' or 'auto')");
   } else {
     b.kernels = kern;
   }
   // NCCL sums device memory: it is the gradients' communicator only where the model runs
-  // on the GPU.
+  // on the GPU, and auto takes it only where there is something to sum: alone in the data
+  // group, the gradients stay on the device untouched (train::GradBuckets), and an NCCL
+  // communicator would add a bootstrap and its failure modes for nothing.
   const auto& comm = config.parallel.backend;
   if (comm == "auto") {
-    b.comm = (b.kernels == "cuda" && core::built_with_nccl()) ? "nccl" : "mpi";
+    b.comm = (b.kernels == "cuda" && core::built_with_nccl() && data_ranks > 1) ? "nccl" : "mpi";
   } else if (comm == "nccl" && !core::built_with_nccl()) {
     throw DeckError("parallel.backend", "",
                     "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI only "

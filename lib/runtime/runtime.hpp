@@ -36,6 +36,9 @@ struct DeviceInfo {
   std::string name;                            ///< CPU model or GPU name
   std::uint64_t memory_bytes = 0;              ///< device memory (host: MemTotal)
   std::uint64_t available_bytes_per_rank = 0;  ///< free memory / ranks sharing it
+  /// A CUDA build on a machine without a usable GPU runs on the host; why (the CUDA
+  /// runtime's answer), for the message that refuses kernels.backend cuda. Empty otherwise.
+  std::string no_gpu_reason;
 };
 
 class Runtime {
@@ -111,9 +114,12 @@ struct Backends {
   std::string kernels;  ///< "kokkos" or "cuda"
 };
 
-/// Resolves parallel.backend and kernels.backend; a choice this build or device cannot
-/// honour is a DeckError naming the key.
-Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device);
+/// Resolves parallel.backend and kernels.backend for a rank of a data group of
+/// `data_ranks` ranks: auto = cuda kernels on a GPU, and NCCL gradients where the kernels
+/// are cuda, the build has NCCL and data_ranks > 1 (MPI otherwise). A choice this build or
+/// device cannot honour is a DeckError naming the key.
+Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device,
+                          int data_ranks);
 
 /// The one-line layout summary rank 0 prints at start-up.
 std::string describe_layout(const Runtime& rt, const config::Layout& layout, const Backends& b);

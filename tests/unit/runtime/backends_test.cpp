@@ -45,47 +45,71 @@ std::string deck_error_key(F f, std::string* message = nullptr) {
 }
 
 TEST(Backends, AutoOnTheHostIsKokkosAndMpi) {
-  const Backends b = resolve_backends(deck("auto", "auto"), host());
+  const Backends b = resolve_backends(deck("auto", "auto"), host(), 2);
   EXPECT_EQ(b.kernels, "kokkos");
   EXPECT_EQ(b.comm, "mpi");
 }
 
 TEST(Backends, AutoOnAGpuIsCudaAndNcclWhereBuilt) {
-  const Backends b = resolve_backends(deck("auto", "auto"), gpu());
+  const Backends b = resolve_backends(deck("auto", "auto"), gpu(), 2);
   EXPECT_EQ(b.kernels, "cuda");
   EXPECT_EQ(b.comm, core::built_with_nccl() ? "nccl" : "mpi");
 }
 
+TEST(Backends, AutoAloneOnAGpuKeepsMpi) {
+  // One rank in the data group: nothing to sum, so no NCCL communicator to set up; an
+  // explicit 'nccl' is still honoured.
+  const Backends b = resolve_backends(deck("auto", "auto"), gpu(), 1);
+  EXPECT_EQ(b.kernels, "cuda");
+  EXPECT_EQ(b.comm, "mpi");
+  if (core::built_with_nccl()) {
+    EXPECT_EQ(resolve_backends(deck("auto", "nccl"), gpu(), 1).comm, "nccl");
+  }
+}
+
 TEST(Backends, KokkosOnAGpuKeepsTheGradientsOnMpi) {
   // The CPU half of the GPU parity check: host kernels on a GPU machine.
-  const Backends b = resolve_backends(deck("kokkos", "auto"), gpu());
+  const Backends b = resolve_backends(deck("kokkos", "auto"), gpu(), 2);
   EXPECT_EQ(b.kernels, "kokkos");
   EXPECT_EQ(b.comm, "mpi");
 }
 
 TEST(Backends, CudaWithoutADeviceIsADeckError) {
   std::string msg;
-  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "auto"), host()); }, &msg),
+  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "auto"), host(), 2); }, &msg),
             "kernels.backend");
   EXPECT_NE(msg.find(core::built_with_cuda() ? "no CUDA device" : "DSTRAIN_ENABLE_CUDA=ON"),
             std::string::npos)
       << msg;
 }
 
+TEST(Backends, CudaOnACudaBuildWithoutAGpuSaysWhy) {
+  // select_device's answer on a login node: the CUDA runtime's reason reaches the message.
+  DeviceInfo bare = host();
+  bare.no_gpu_reason = "no CUDA-capable device is detected";
+  std::string msg;
+  EXPECT_EQ(deck_error_key([&] { resolve_backends(deck("cuda", "auto"), bare, 1); }, &msg),
+            "kernels.backend");
+  if (core::built_with_cuda()) {
+    EXPECT_NE(msg.find("no CUDA-capable device is detected"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(resolve_backends(deck("auto", "auto"), bare, 1).kernels, "kokkos");
+}
+
 TEST(Backends, NcclNeedsAnNcclBuildAndTheModelOnTheGpu) {
   std::string msg;
-  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("kokkos", "nccl"), host()); }, &msg),
+  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("kokkos", "nccl"), host(), 2); }, &msg),
             "parallel.backend");
   EXPECT_NE(msg.find(core::built_with_nccl() ? "GPU memory" : "DSTRAIN_ENABLE_NCCL=ON"),
             std::string::npos)
       << msg;
   if (core::built_with_nccl()) {
-    EXPECT_EQ(resolve_backends(deck("cuda", "nccl"), gpu()).comm, "nccl");
+    EXPECT_EQ(resolve_backends(deck("cuda", "nccl"), gpu(), 2).comm, "nccl");
   } else {
-    EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "nccl"), gpu()); }),
+    EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "nccl"), gpu(), 2); }),
               "parallel.backend");
   }
-  EXPECT_EQ(resolve_backends(deck("auto", "mpi"), gpu()).comm, "mpi");
+  EXPECT_EQ(resolve_backends(deck("auto", "mpi"), gpu(), 2).comm, "mpi");
 }
 
 }  // namespace
