@@ -277,6 +277,10 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
 }
 
 std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
+  return state_tensors(true);
+}
+
+std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device) const {
   const auto& ps = model_->params();
   std::vector<ckpt::TensorRef> out;
   out.reserve(3 * ps.size());
@@ -287,9 +291,11 @@ std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
     const std::size_t bytes = n * sizeof(float);
     for (auto* h : {&host_params_, &host_m_, &host_v_})
       h->resize(n);
-    tensor::copy(ctx_, host_params_.data(), ps.params_data(), bytes);
-    tensor::copy(ctx_, host_m_.data(), optimizer_->state().m, bytes);
-    tensor::copy(ctx_, host_v_.data(), optimizer_->state().v, bytes);
+    if (copy_from_device) {
+      tensor::copy(ctx_, host_params_.data(), ps.params_data(), bytes);
+      tensor::copy(ctx_, host_m_.data(), optimizer_->state().m, bytes);
+      tensor::copy(ctx_, host_v_.data(), optimizer_->state().v, bytes);
+    }
   }
   const auto add = [&](const std::string& prefix, const tensor::Tensor& t, std::size_t i) {
     const tensor::Shape& sh = ps.spec(i).shape;
@@ -338,7 +344,9 @@ ckpt::Metadata Trainer::checkpoint_metadata() const {
 }
 
 void Trainer::restore(ckpt::Reader& reader) {
-  const auto wanted = checkpoint_tensors();
+  // The buffers to read into: on a device, the host copies, which the reads fill whole
+  // (a mismatch throws before any read), so the device's state is not copied down first.
+  const auto wanted = state_tensors(false);
   // Every difference at once, so a wrong deck is diagnosed in one attempt.
   std::vector<std::string> problems;
   const auto shape_text = [](const std::vector<std::int64_t>& s) {

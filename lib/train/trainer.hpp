@@ -110,6 +110,9 @@ class Trainer {
   data::Sampler& sampler() { return *sampler_; }
 
  private:
+  /// checkpoint_tensors(), with the device's state copied into the host buffers (for a
+  /// save) or not (for restore(), which reads into them and copies them up).
+  std::vector<ckpt::TensorRef> state_tensors(bool copy_from_device) const;
   const config::RunConfig& cfg_;
   config::Layout layout_;
   comm::ProcessGroups& groups_;
