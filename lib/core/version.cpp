@@ -1,5 +1,7 @@
 #include "core/version.hpp"
 
+#include "dstrain_git_hash.h"  // generated at build time: DSTRAIN_GIT_HASH
+
 namespace dst::core {
 
 std::string version() {
