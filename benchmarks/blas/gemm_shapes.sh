@@ -39,12 +39,12 @@ if len(files) != 1:
 TRANS = {111: "N", 112: "T", 113: "C"}
 recs = []
 for line in open(files[0]):
-    order, ta, tb, m, n, k, b0, calls, secs = line.split()
+    order, ta, tb, m, n, k, b0, start, calls, secs = line.split()
     m, n, k, calls, secs = int(m), int(n), int(k), int(calls), float(secs)
-    recs.append(dict(op=TRANS[int(ta)] + TRANS[int(tb)], m=m, n=n, k=k, beta0=b0 == "1",
+    recs.append(dict(op=TRANS[int(ta)] + TRANS[int(tb)], m=m, n=n, k=k, beta0=b0 == "1", start=start == "1",
                      calls=calls, secs=secs, flop=2.0 * m * n * k * calls))
-# dstrain's start-up peak: square 2048^3 products (model shapes are never all 2048).
-peak = [r for r in recs if r["m"] == r["n"] == r["k"] == 2048]
+# dstrain's start-up peak: the 2048^3 products before any other shape.
+peak = [r for r in recs if r["start"]]
 model = [r for r in recs if r not in peak]
 total = sum(r["secs"] for r in model)
 if not model or total <= 0:
