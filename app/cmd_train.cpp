@@ -429,7 +429,12 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
       tokens_since = 0;
       seconds_since = 0.0;
       if (done % (5 * cfg.logging.every_steps) == 0 || done == last_step) {
-        log::info(metrics.phases(done, phase_sum, phase_steps));
+        // Every rank: how evenly the ranks worked (a straggler shows as rank 0's exposed
+        // communication; this names the rank).
+        const double work_s = (phase_sum.t_data + phase_sum.t_forward + phase_sum.t_backward) /
+                              static_cast<double>(phase_steps);
+        log::info(
+            metrics.phases(done, phase_sum, phase_steps, trainer.work_spread(work_s), rt.size()));
         phase_sum = {};
         phase_steps = 0;
       }

@@ -18,6 +18,10 @@ median of its timed steps after WARMUP. Figures are the medians over the repetit
                   seconds from it: a dstrain run's own start-up peak; for PyTorch, that of the
                   dstrain run just before (same rank count). Rate and peak then share the
                   VM's speed of the moment.
+  straggle      = for dstrain's 2-rank runs, the slower rank's work per step (data +
+                  forward + backward) over the faster's, from the run's last phases record
+                  (work_ms_max / work_ms_min, docs/metrics.md): 1.00 when both cores ran
+                  alike; a synchronous step waits for the slower.
 The table also gives each cell's range over the repetitions: on a shared VM one run can be
 30 % off another minutes later, and the range says how far to trust a median.
 
@@ -61,7 +65,9 @@ def dstrain_rate(dstrain, src, work, data, launch, ranks, preset, seq, micro, st
     recs = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if x.strip()]
     header = next(x for x in recs if x["type"] == "header")
     rates = [x["tokens_per_s"] for x in recs if x["type"] == "step" and x["step"] > warmup]
-    return statistics.median(rates), header["peak_gflops_per_rank"]
+    last = [x for x in recs if x["type"] == "phases"][-1]
+    straggle = last["work_ms_max"] / last["work_ms_min"] if last["work_ms_min"] > 0 else 1.0
+    return statistics.median(rates), header["peak_gflops_per_rank"], straggle
 
 
 def ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup):
@@ -109,7 +115,7 @@ def main():
     data = os.path.join(work, "data")
     run([py, os.path.join(src, "tests/e2e/training/synthetic_language.py"), "generate", data,
          "--seq-len", "512", "--train-samples", "64", "--valid-samples", "2"])
-    rows, peaks, together = [], [], []
+    rows, peaks, together, straggles = [], [], [], {}
     for preset, seq, micro, steps, warmup in CASES[mode]:
         got = {k: [] for k in ("d1", "d2", "p1", "p2")}
         # MFU of each run against the peak measured seconds from it (PyTorch's: that of the
@@ -119,9 +125,11 @@ def main():
         fpt = None
         for rep in range(reps):
             for ranks in (2, 1):
-                r, peak = dstrain_rate(dstrain, src, work, data, launch, ranks, preset, seq, micro,
-                                       steps, warmup)
+                r, peak, straggle = dstrain_rate(dstrain, src, work, data, launch, ranks, preset,
+                                                 seq, micro, steps, warmup)
                 got[f"d{ranks}"].append(r)
+                if ranks == 2:
+                    straggles.setdefault(preset, []).append(straggle)
                 peaks.append(peak)
                 run_peak = peak
                 r, fpt = ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup)
@@ -133,7 +141,8 @@ def main():
             if both is not None:
                 together.append(both)
             print(f"  {preset} rep {rep + 1}/{reps}: " +
-                  ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()), flush=True)
+                  ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()) +
+                  f"; d2 straggle {straggles[preset][-1]:.2f}", flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append((preset, seq, micro, fpt, med, got, near))
     peak = statistics.median(peaks)
@@ -171,7 +180,9 @@ def main():
         summary.append(f"{preset}: dstrain/DDP at 2 ranks {speedup:.2f}x; dstrain MFU at 2 ranks "
                        f"{100 * mfu2:.1f}%{vs_together}, near {100 * statistics.median(near['d2']):.1f}%"
                        f"; 1->2 scaling efficiency dstrain "
-                       f"{100 * scaling:.1f}%, DDP {100 * ddp_scaling:.1f}%")
+                       f"{100 * scaling:.1f}%, DDP {100 * ddp_scaling:.1f}%; dstrain's 2-rank "
+                       f"straggle {statistics.median(straggles[preset]):.2f} "
+                       f"({min(straggles[preset]):.2f}-{max(straggles[preset]):.2f})")
     print("\n" + "\n".join(summary))
     print("ddp compare: done")
     return 0

@@ -116,6 +116,8 @@ struct DebugSection {
   bool inject_exit_in_checkpoint = false;
   std::int64_t inject_read_delay_ms = 0;
   std::int64_t inject_divergence_rank = -1;
+  std::int64_t inject_straggler_rank = -1;  ///< this rank sleeps inject_straggler_ms a step
+  std::int64_t inject_straggler_ms = 0;
 };
 
 struct RunConfig {

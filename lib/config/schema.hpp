@@ -363,6 +363,18 @@ void visit_debug(V& v, S&... s) {
               .at_least(-1)
               .at_most(kIntMax),
           s.inject_divergence_rank...);
+  v.field("debug.inject_straggler_rank",
+          Spec("This rank sleeps debug.inject_straggler_ms in every step's data phase, as a "
+               "slow reader or a slow node would, so the phases record must name it the "
+               "slowest; -1 = off.")
+              .at_least(-1)
+              .at_most(kIntMax),
+          s.inject_straggler_rank...);
+  v.field("debug.inject_straggler_ms",
+          Spec("The straggler's delay per step, in ms (debug.inject_straggler_rank).")
+              .at_least(0)
+              .at_most(600000),
+          s.inject_straggler_ms...);
 }
 
 /// The whole deck, in document order.

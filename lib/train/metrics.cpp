@@ -122,7 +122,8 @@ std::string MetricsLog::eval(std::int64_t step, double loss, std::int64_t tokens
   return line;
 }
 
-std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int64_t steps) {
+std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int64_t steps,
+                               const Trainer::WorkSpread& spread, int world_size) {
   const double n = steps > 0 ? static_cast<double>(steps) : 1.0;
   nlohmann::json j;
   j["type"] = "phases";
@@ -133,14 +134,22 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
   j["comm_exposed_ms"] = sum.t_comm / n * 1e3;
   j["optimizer_ms"] = sum.t_optimizer / n * 1e3;
   j["step_ms"] = sum.seconds / n * 1e3;
+  j["work_ms_min"] = spread.min_s * 1e3;
+  j["work_ms_max"] = spread.max_s * 1e3;
+  j["slowest_rank"] = spread.slowest_rank;
   write(j.dump());
-  char line[200];
+  char across[120] = "";
+  if (world_size > 1)
+    std::snprintf(across, sizeof across,
+                  " | work (data+forward+backward) across %d ranks %.1f-%.1f, slowest rank %d",
+                  world_size, spread.min_s * 1e3, spread.max_s * 1e3, spread.slowest_rank);
+  char line[360];
   std::snprintf(line, sizeof line,
                 "phases (ms/step, rank 0, last %lld steps): data %.1f | forward %.1f | backward "
-                "%.1f | exposed comm %.1f | optimizer %.1f | step %.1f",
+                "%.1f | exposed comm %.1f | optimizer %.1f | step %.1f%s",
                 static_cast<long long>(steps), sum.t_data / n * 1e3, sum.t_forward / n * 1e3,
                 sum.t_backward / n * 1e3, sum.t_comm / n * 1e3, sum.t_optimizer / n * 1e3,
-                sum.seconds / n * 1e3);
+                sum.seconds / n * 1e3, across);
   return line;
 }
 

@@ -31,8 +31,11 @@ class MetricsLog {
                    double eta_s, std::uint64_t peak_bytes, std::int64_t skipped_total);
   /// An evaluation record; returns its line.
   std::string eval(std::int64_t step, double loss, std::int64_t tokens);
-  /// The per-phase timer record (seconds per step, this rank; averaged over `steps`).
-  std::string phases(std::int64_t step, const StepStats& sum, std::int64_t steps);
+  /// The per-phase timer record (seconds per step, this rank; averaged over `steps`),
+  /// with how the ranks' work per step spread (Trainer::work_spread, over the same steps).
+  /// The line names the slowest rank when there are several.
+  std::string phases(std::int64_t step, const StepStats& sum, std::int64_t steps,
+                     const Trainer::WorkSpread& spread, int world_size);
 
  private:
   void write(const std::string& json_line);

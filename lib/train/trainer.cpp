@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "core/exit_codes.hpp"
 #include "core/flight_recorder.hpp"
@@ -124,6 +125,9 @@ StepStats Trainer::step() {
     for (std::size_t m = 0; m < ids.size(); ++m)
       train_.read(ids[m], batch_.data() + m * static_cast<std::size_t>(micro) * sample_len);
   }
+  if (cfg_.debug.inject_straggler_rank == groups_.world->rank() &&
+      cfg_.debug.inject_straggler_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug.inject_straggler_ms));
   st.t_data = since(t0);
   samples_seen_ += static_cast<std::uint64_t>(layout_.global_batch_size);
 
@@ -396,6 +400,17 @@ void Trainer::restore(ckpt::Reader& reader) {
   // scale is a real one.
   if (loss_scaling_) scaler_.set_state(m.loss_scale, m.loss_scale_clean_steps);
   model_->refresh_compute_params();
+}
+
+Trainer::WorkSpread Trainer::work_spread(double work_s) {
+  comm::Communicator& world = *groups_.world;
+  double extremes[2] = {work_s, -work_s};  // max of both: the maximum and minus the minimum
+  world.allreduce(extremes, 2, DType::f64, comm::ReduceOp::max);
+  // The maximum is one rank's own value, bit for bit: the lowest rank holding it.
+  std::int64_t slowest =
+      work_s == extremes[0] ? world.rank() : std::numeric_limits<std::int64_t>::max();
+  world.allreduce(&slowest, 1, DType::i64, comm::ReduceOp::min);
+  return WorkSpread{-extremes[1], extremes[0], static_cast<int>(slowest)};
 }
 
 void Trainer::check_consistency() {

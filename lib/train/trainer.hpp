@@ -83,6 +83,15 @@ class Trainer {
   /// tensor that differs and the ranks, if any does.
   void check_consistency();
 
+  /// How a rank's work per step (data + forward + backward: what it does before it waits
+  /// for its peers' gradients) compares across the ranks. `work_s`: this rank's, any
+  /// average the caller chooses. Collective over every rank (two small all-reduces).
+  struct WorkSpread {
+    double min_s = 0.0, max_s = 0.0;
+    int slowest_rank = 0;  ///< the lowest rank with max_s
+  };
+  WorkSpread work_spread(double work_s);
+
   /// The training state a checkpoint holds: every parameter and both AdamW moments as
   /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",
   /// "optimizer/exp_avg_sq/<name>"), viewing the flat buffers (valid until the next step).

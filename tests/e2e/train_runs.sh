@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end training checks on a small slice of the demo corpus, launched as users do.
 #   train_runs.sh MODE DSTRAIN SOURCE_DIR WORK_DIR
-# MODE: smoke | determinism | nan-abort | nan-skip
+# MODE: smoke | determinism | nan-abort | nan-skip | straggler
 set -euo pipefail
 mode=$1 dstrain=$2 src=$3 work=$4
 mkdir -p "$work"
@@ -24,6 +24,7 @@ case "$mode" in
     test -s "$work/smoke/deck.yaml"
     grep -q '"type":"header"' "$work/smoke/metrics.jsonl"
     [[ $(grep -c '"type":"step"' "$work/smoke/metrics.jsonl") -eq 4 ]]
+    grep '"type":"phases"' "$work/smoke/metrics.jsonl" | grep -q '"slowest_rank":[01],'
     echo "train smoke: ok" ;;
   determinism)
     run a >/dev/null
@@ -36,5 +37,19 @@ case "$mode" in
     run nan --set debug.inject_nan_step=2 ;;
   nan-skip)
     run skip --set debug.inject_nan_step=2 --set debug.nan_policy=skip ;;
+  straggler)
+    # Rank 1 sleeps 300 ms a step (its data phase); a step's own work here is a few ms, so
+    # every phases record must name rank 1 the slowest, by 200-400 ms.
+    run straggler --set training.max_steps=6 --set logging.every_steps=1 \
+      --set debug.inject_straggler_rank=1 --set debug.inject_straggler_ms=300
+    records=$(grep '"type":"phases"' "$work/straggler/metrics.jsonl")
+    [[ $(wc -l <<<"$records") -eq 2 ]] || { echo "expected 2 phases records (steps 5, 6):"; echo "$records"; exit 1; }
+    while read -r rec; do
+      field() { grep -o "\"$1\":[^,}]*" <<<"$rec" | cut -d: -f2; }
+      awk -v r="$(field slowest_rank)" -v lo="$(field work_ms_min)" -v hi="$(field work_ms_max)" \
+        'BEGIN { d = hi - lo; if (r != 1 || d < 200 || d > 400) exit 1 }' ||
+        { echo "phases record does not name rank 1 as 200-400 ms slower: $rec"; exit 1; }
+    done <<<"$records"
+    echo "straggler: every phases record names rank 1" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

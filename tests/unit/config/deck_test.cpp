@@ -676,6 +676,8 @@ const std::vector<std::string> kEveryKeyChanged = {
     "debug.inject_exit_rank=0",
     "debug.inject_exit_in_checkpoint=true",
     "debug.inject_read_delay_ms=20",
+    "debug.inject_straggler_rank=1",
+    "debug.inject_straggler_ms=250",
 };
 
 TEST(DeckYaml, OverrideListCoversEverySchemaKey) {
