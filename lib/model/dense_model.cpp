@@ -162,6 +162,35 @@ struct DenseModel::Impl {
       body(r0, std::min(T, r0 + query_block));
   }
 
+  /// The (sequence, head) groups attention runs in. A GPU runs every sequence and head in
+  /// one group (each launch costs more than it would save). A host core runs one
+  /// (sequence, head) at a time: that head's T x T probabilities (256 KiB at T = 256) stay
+  /// in the core's cache from the scores product through the softmax to P x V, and in
+  /// backward the score gradients never leave it; in one group the B x H x T x T floats
+  /// (8 MiB for tiny) would stream through memory between the products and the softmax.
+  /// Every product and every row's softmax is the same in both orders, and each gradient
+  /// that sums over heads and blocks sums them in the same order: the same bits.
+  bool one_head_at_a_time() const { return ctx.backend != tensor::Backend::cuda; }
+
+  template <class Body>
+  void for_head_groups(Body body) const {
+    const std::int64_t seqs = one_head_at_a_time() ? 1 : B;
+    const std::int64_t heads = one_head_at_a_time() ? 1 : H;
+    for (std::int64_t b0 = 0; b0 < B; b0 += seqs)
+      for (std::int64_t h0 = 0; h0 < H; h0 += heads)
+        body(b0, seqs, h0, heads);
+  }
+
+  /// probs-shaped (B, H, T, T) rows of sequences [b0, b0 + seqs) and heads [h0, h0 + heads):
+  /// contiguous because a group is either one head of one sequence or all of them.
+  Tensor head_slice(const Tensor& t, std::int64_t b0, std::int64_t seqs, std::int64_t h0,
+                    std::int64_t heads) const {
+    Tensor v = t;
+    v.data = t.ptr<float>() + (b0 * H + h0) * T * T;
+    v.shape = Shape{seqs, heads, T, T};
+    return v;
+  }
+
   void attention_forward(const BlockActs& a) {
     if (fused) {
       kernels::fused_attention_forward(ctx, a.q.reshaped({B, T, H, D}), a.k.reshaped({B, T, KV, D}),
@@ -170,33 +199,37 @@ struct DenseModel::Impl {
       return;
     }
     const std::int64_t group = H / KV;  // query heads per key/value head
-    float* q = a.q.ptr<float>();
-    float* k = a.k.ptr<float>();
-    float* v = a.v.ptr<float>();
-    float* p = a.probs.ptr<float>();
-    float* out = a.attn.ptr<float>();
-    // One batched product per head and query block over the B sequences:
-    // scores[b, h][r0:r1, 0:r1] = q[b, r0:r1, h, :] (r1-r0, D) x k[b, 0:r1, h / group, :]^T.
-    // Rows of q are H*D apart; rows of scores T apart.
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t kh = h / group;
-      for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-        blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, r1 - r0, r1, D, 1.0f,
-                                   q + r0 * H * D + h * D, H * D, T * H * D, k + kh * D, KV * D,
-                                   T * KV * D, 0.0f, p + h * T * T + r0 * T, T, H * T * T, B);
-      });
-    }
-    kernels::causal_softmax_forward(ctx, a.probs, scale, a.probs);
-    store(a.probs);  // softmax in fp32; the probabilities are stored for P x V
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t kh = h / group;
-      // out[b, r0:r1, h, :] (r1-r0, D) = probs[b, h][r0:r1, 0:r1] x v[b, 0:r1, kh, :]
-      for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-        blas::gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1, 1.0f,
-                                   p + h * T * T + r0 * T, T, H * T * T, v + kh * D, KV * D,
-                                   T * KV * D, 0.0f, out + r0 * H * D + h * D, H * D, T * H * D, B);
-      });
-    }
+    for_head_groups([&](std::int64_t b0, std::int64_t seqs, std::int64_t h0, std::int64_t heads) {
+      const float* q = a.q.ptr<float>() + b0 * T * H * D;
+      const float* k = a.k.ptr<float>() + b0 * T * KV * D;
+      const float* v = a.v.ptr<float>() + b0 * T * KV * D;
+      float* p = a.probs.ptr<float>() + b0 * H * T * T;
+      float* out = a.attn.ptr<float>() + b0 * T * H * D;
+      // One batched product per head and query block over the group's sequences:
+      // scores[b, h][r0:r1, 0:r1] = q[b, r0:r1, h, :] (r1-r0, D) x k[b, 0:r1, h / group, :]^T.
+      // Rows of q are H*D apart; rows of scores T apart.
+      for (std::int64_t h = h0; h < h0 + heads; ++h) {
+        const std::int64_t kh = h / group;
+        for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
+          blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, r1 - r0, r1, D, 1.0f,
+                                     q + r0 * H * D + h * D, H * D, T * H * D, k + kh * D, KV * D,
+                                     T * KV * D, 0.0f, p + h * T * T + r0 * T, T, H * T * T, seqs);
+        });
+      }
+      const Tensor probs = head_slice(a.probs, b0, seqs, h0, heads);
+      kernels::causal_softmax_forward(ctx, probs, scale, probs);
+      store(probs);  // softmax in fp32; the probabilities are stored for P x V
+      for (std::int64_t h = h0; h < h0 + heads; ++h) {
+        const std::int64_t kh = h / group;
+        // out[b, r0:r1, h, :] (r1-r0, D) = probs[b, h][r0:r1, 0:r1] x v[b, 0:r1, kh, :]
+        for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
+          blas::gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1, 1.0f,
+                                     p + h * T * T + r0 * T, T, H * T * T, v + kh * D, KV * D,
+                                     T * KV * D, 0.0f, out + r0 * H * D + h * D, H * D, T * H * D,
+                                     seqs);
+        });
+      }
+    });
   }
 
   void attention_backward(const BlockActs& a) {
@@ -210,45 +243,53 @@ struct DenseModel::Impl {
       return;
     }
     const std::int64_t group = H / KV;
-    const float* q = a.q.ptr<float>();
-    const float* k = a.k.ptr<float>();
-    const float* v = a.v.ptr<float>();
-    const float* p = a.probs.ptr<float>();
-    const float* da = d_attn.ptr<float>();
-    float* dp = d_probs.ptr<float>();
-    float* dq = d_q.ptr<float>();
-    float* dk = d_k.ptr<float>();
-    float* dv = d_v.ptr<float>();
     // Query heads sharing a key/value head, and query blocks, add into its gradient.
     kernels::zero(ctx, d_k);
     kernels::zero(ctx, d_v);
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t kh = h / group;
-      for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-        // d_probs[b, h][r0:r1, 0:r1] = d_attn[b, r0:r1, h, :] (r1-r0, D) x v[b, 0:r1, kh, :]^T
-        blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, r1 - r0, r1, D, 1.0f,
-                                   da + r0 * H * D + h * D, H * D, T * H * D, v + kh * D, KV * D,
-                                   T * KV * D, 0.0f, dp + h * T * T + r0 * T, T, H * T * T, B);
-        // d_v[b, 0:r1, kh, :] (r1, D) += probs[b, h][r0:r1, 0:r1]^T x d_attn[b, r0:r1, h, :]
-        blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0, 1.0f,
-                                   p + h * T * T + r0 * T, T, H * T * T, da + r0 * H * D + h * D,
-                                   H * D, T * H * D, 1.0f, dv + kh * D, KV * D, T * KV * D, B);
-      });
-    }
-    kernels::causal_softmax_backward(ctx, a.probs, d_probs, scale, d_probs);  // -> d_scores
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t kh = h / group;
-      for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-        // d_q[b, r0:r1, h, :] (r1-r0, D) = d_scores[b, h][r0:r1, 0:r1] x k[b, 0:r1, kh, :]
-        blas::gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1, 1.0f,
-                                   dp + h * T * T + r0 * T, T, H * T * T, k + kh * D, KV * D,
-                                   T * KV * D, 0.0f, dq + r0 * H * D + h * D, H * D, T * H * D, B);
-        // d_k[b, 0:r1, kh, :] (r1, D) += d_scores[b, h][r0:r1, 0:r1]^T x q[b, r0:r1, h, :]
-        blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0, 1.0f,
-                                   dp + h * T * T + r0 * T, T, H * T * T, q + r0 * H * D + h * D,
-                                   H * D, T * H * D, 1.0f, dk + kh * D, KV * D, T * KV * D, B);
-      });
-    }
+    for_head_groups([&](std::int64_t b0, std::int64_t seqs, std::int64_t h0, std::int64_t heads) {
+      const float* q = a.q.ptr<float>() + b0 * T * H * D;
+      const float* k = a.k.ptr<float>() + b0 * T * KV * D;
+      const float* v = a.v.ptr<float>() + b0 * T * KV * D;
+      const float* p = a.probs.ptr<float>() + b0 * H * T * T;
+      const float* da = d_attn.ptr<float>() + b0 * T * H * D;
+      float* dq = d_q.ptr<float>() + b0 * T * H * D;
+      float* dk = d_k.ptr<float>() + b0 * T * KV * D;
+      float* dv = d_v.ptr<float>() + b0 * T * KV * D;
+      // The group's score gradients: one (T, T) slice reused per (sequence, head) on a
+      // host core, so it stays in cache; d_probs keeps the whole (B, H, T, T) a GPU uses.
+      const Tensor dprobs = one_head_at_a_time() ? head_slice(d_probs, 0, 1, 0, 1)
+                                                 : head_slice(d_probs, b0, seqs, h0, heads);
+      // Head h's (T, T) score gradients (the sequences' batch stride is H x T x T).
+      auto dp = [&](std::int64_t h) { return dprobs.ptr<float>() + (h - h0) * T * T; };
+      for (std::int64_t h = h0; h < h0 + heads; ++h) {
+        const std::int64_t kh = h / group;
+        for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
+          // d_probs[b, h][r0:r1, 0:r1] = d_attn[b, r0:r1, h, :] (r1-r0, D) x v[b, 0:r1, kh, :]^T
+          blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, r1 - r0, r1, D, 1.0f,
+                                     da + r0 * H * D + h * D, H * D, T * H * D, v + kh * D, KV * D,
+                                     T * KV * D, 0.0f, dp(h) + r0 * T, T, H * T * T, seqs);
+          // d_v[b, 0:r1, kh, :] (r1, D) += probs[b, h][r0:r1, 0:r1]^T x d_attn[b, r0:r1, h, :]
+          blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0, 1.0f,
+                                     p + h * T * T + r0 * T, T, H * T * T, da + r0 * H * D + h * D,
+                                     H * D, T * H * D, 1.0f, dv + kh * D, KV * D, T * KV * D, seqs);
+        });
+      }
+      kernels::causal_softmax_backward(ctx, head_slice(a.probs, b0, seqs, h0, heads), dprobs, scale,
+                                       dprobs);  // -> d_scores
+      for (std::int64_t h = h0; h < h0 + heads; ++h) {
+        const std::int64_t kh = h / group;
+        for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
+          // d_q[b, r0:r1, h, :] (r1-r0, D) = d_scores[b, h][r0:r1, 0:r1] x k[b, 0:r1, kh, :]
+          blas::gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1, 1.0f,
+                                     dp(h) + r0 * T, T, H * T * T, k + kh * D, KV * D, T * KV * D,
+                                     0.0f, dq + r0 * H * D + h * D, H * D, T * H * D, seqs);
+          // d_k[b, 0:r1, kh, :] (r1, D) += d_scores[b, h][r0:r1, 0:r1]^T x q[b, r0:r1, h, :]
+          blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0, 1.0f,
+                                     dp(h) + r0 * T, T, H * T * T, q + r0 * H * D + h * D, H * D,
+                                     T * H * D, 1.0f, dk + kh * D, KV * D, T * KV * D, seqs);
+        });
+      }
+    });
     kernels::rope_backward(ctx, d_q.reshaped({B, T, H, D}), cos, sin);
     kernels::rope_backward(ctx, d_k.reshaped({B, T, KV, D}), cos, sin);
   }

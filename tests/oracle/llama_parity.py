@@ -40,6 +40,11 @@ CASES = {
               "model.n_kv_heads=1", "model.ffn_dim=40", "model.max_seq_len=16",
               "model.tie_embeddings=true"], 2, 9),
     "tiny_preset": (["model.preset=tiny", "model.n_layers=2"], 2, 64),
+    # Three 64-row query blocks, the last one partial, with grouped key/value heads: the
+    # host runs attention one (sequence, head) at a time over the blocks.
+    "gqa_blocks": (["model.vocab_size=71", "model.d_model=48", "model.n_layers=2",
+                    "model.n_heads=6", "model.n_kv_heads=2", "model.ffn_dim=64",
+                    "model.max_seq_len=160"], 3, 150),
 }
 
 PRESETS = {
