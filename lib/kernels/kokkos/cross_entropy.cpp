@@ -49,7 +49,7 @@ void cross_entropy(const ExecSpace& space, const char* label,
         }
         const T* l = &logits(n, 0);
         const float target_logit = to_float(l[t]);
-        const float m = lane_max(v, [&](const Index j) { return to_float(l[j]); });
+        const float m = row_max(v, [&](const Index j) { return to_float(l[j]); });
         double sum;
         if (fused) {
           T* d = &dlogits(n, 0);

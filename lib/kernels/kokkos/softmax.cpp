@@ -22,7 +22,7 @@ void causal_softmax_forward(const ExecSpace& space,
         const Index live = row % t_len + 1;  // columns j <= i
         const T* s = &scores(row, 0);
         T* p = &probs(row, 0);
-        const float m = lane_max(live, [&](const Index j) { return scale * to_float(s[j]); });
+        const float m = row_max(live, [&](const Index j) { return scale * to_float(s[j]); });
         // Separate simple passes (exp, then sum) vectorise; the row is still in L1.
         for (Index j = 0; j < live; ++j)
           p[j] = from_float<T>(math::fast_exp(scale * to_float(s[j]) - m));
