@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "core/exit_codes.hpp"
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
+#include "core/parallel.hpp"
 #include "core/step_context.hpp"
 #include "core/version.hpp"
 #include "data/byte_vocab.hpp"
@@ -248,7 +250,20 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     }
   }
   train::Trainer trainer(cfg, layout, session.groups, train_store, ctx, grad_comm.get());
-  trainer.initialize_parameters();
+  {
+    const auto t_init = std::chrono::steady_clock::now();
+    trainer.initialize_parameters();
+    // Drawn on every CPU this rank may use (core::parallel_slices), the same bits on any.
+    const unsigned cpus = core::usable_cpus();
+    char line[160];
+    std::snprintf(
+        line, sizeof line, "initial weights: %s values drawn in %.2f s (%u %s)",
+        model::format_count(static_cast<double>(trainer.model().params().parameter_count()))
+            .c_str(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), cpus,
+        cpus == 1 ? "CPU" : "CPUs");
+    log::info(line);
+  }
 
   // --- run directory; resume from a checkpoint (checkpoint.resume)
   const std::filesystem::path dir(cfg.run.output_dir);

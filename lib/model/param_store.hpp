@@ -77,8 +77,9 @@ class ParamStore {
 
   /// Deterministic initialisation: element j of tensor `name` is
   /// std * normal(seed, hash_name(name), j), so any rank, thread count or slice order
-  /// produces the same bits. Computed on the host (and copied to a device buffer).
-  void initialize(std::uint64_t seed);
+  /// produces the same bits. Computed on the host (and copied to a device buffer), on
+  /// `threads` threads (0: every CPU the process may use, core::usable_cpus()).
+  void initialize(std::uint64_t seed, unsigned threads = 0);
   /// Zeroes the gradient buffer.
   void zero_grads();
 
