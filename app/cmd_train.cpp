@@ -250,20 +250,6 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     }
   }
   train::Trainer trainer(cfg, layout, session.groups, train_store, ctx, grad_comm.get());
-  {
-    const auto t_init = std::chrono::steady_clock::now();
-    trainer.initialize_parameters();
-    // Drawn on every CPU this rank may use (core::parallel_slices), the same bits on any.
-    const unsigned cpus = core::usable_cpus();
-    char line[160];
-    std::snprintf(
-        line, sizeof line, "initial weights: %s values drawn in %.2f s (%u %s)",
-        model::format_count(static_cast<double>(trainer.model().params().parameter_count()))
-            .c_str(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), cpus,
-        cpus == 1 ? "CPU" : "CPUs");
-    log::info(line);
-  }
 
   // --- run directory; resume from a checkpoint (checkpoint.resume)
   const std::filesystem::path dir(cfg.run.output_dir);
@@ -296,6 +282,22 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
               " of an earlier run (newest " + old.front() +
               "): this run replaces those of the same steps, the others count toward "
               "checkpoint.keep_last; use another run.output_dir to keep runs apart");
+  // The initial weights only when no checkpoint was loaded: a restore overwrites every
+  // parameter and moment, and drawing them costs minutes for a large model on one core.
+  if (resumed.file.empty()) {
+    const auto t_init = std::chrono::steady_clock::now();
+    trainer.initialize_parameters();
+    // Drawn on every CPU this rank may use (core::parallel_slices), the same bits on any.
+    const unsigned cpus = core::usable_cpus();
+    char line[160];
+    std::snprintf(
+        line, sizeof line, "initial weights: %s values drawn in %.2f s (%u %s)",
+        model::format_count(static_cast<double>(trainer.model().params().parameter_count()))
+            .c_str(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(), cpus,
+        cpus == 1 ? "CPU" : "CPUs");
+    log::info(line);
+  }
   const std::int64_t max_steps = cfg.training.max_steps;
   // training.stop_at_step ends this process early; the schedule still runs to max_steps.
   const std::int64_t last_step =

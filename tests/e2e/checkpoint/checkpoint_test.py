@@ -146,13 +146,17 @@ def expect_resumed(stdout, path, step, ran, what):
     if want not in stdout:
         print(stdout)
         fail(f"{what}: no line '{want}'")
+    if "initial weights:" in stdout:  # a restore overwrites them: not drawn at all
+        print(stdout)
+        fail(f"{what}: the resumed process drew initial weights it then overwrote")
     steps = logged_steps(stdout)
     if steps != list(range(step + 1, step + 1 + ran)):
         fail(f"{what}: the resumed process logged steps {steps}, expected {step + 1}..{step + ran}")
 
 
 def mode_resume(c, ranks):
-    c.train(ranks, "straight")
+    if "initial weights:" not in c.train(ranks, "straight"):
+        fail("a fresh run should say how long drawing its initial weights took")
     c.train(ranks, "interrupted", ["training.stop_at_step=10"])
     part = os.path.join(c.work, "interrupted")
     if os.path.exists(ckpt(part, 20)) or not os.path.exists(ckpt(part, 10)):
