@@ -128,7 +128,7 @@ void ParamStore::initialize(const std::uint64_t seed, const unsigned threads) {
       for (std::uint64_t j = 0; j < n; ++j)
         p[j] = 1.0f;
     } else {
-      // About 50 ns per value (Philox, log and cos in double): 80 s for deepseek-1b's
+      // About 54 ns per value (Philox, log and cos in double): 90 s for deepseek-1b's
       // 1.6 B on one core, so the rank's cores share it (the same bits in any split).
       const std::uint64_t stream = core::hash_name(s.name);
       core::parallel_slices(n, threads, kInitSlice, [&](std::uint64_t begin, std::uint64_t end) {
