@@ -184,6 +184,14 @@ def main():
                        f"straggle {statistics.median(straggles[preset]):.2f} "
                        f"({min(straggles[preset]):.2f}-{max(straggles[preset]):.2f})")
     print("\n" + "\n".join(summary))
+    # A model rate above the peak means the start-up peaks of this run were measured in
+    # slow minutes (the host's speed drifts): MFU against their median overstates.
+    over = [f"{preset} {key}{ranks}" for preset, seq, micro, fpt, med, got, near in rows
+            for key in ("d", "p") for ranks in (1, 2)
+            if fpt * med[f"{key}{ranks}"] / 1e9 > peak * ranks]
+    if over:
+        print(f"warning: {', '.join(over)} ran faster than the median peak x ranks: this run's "
+              "peak is too low to be the machine's; read the MFU near column")
     print("ddp compare: done")
     return 0
 
