@@ -249,7 +249,15 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                                          cfg.parallel.init_timeout_s, ctx.stream);
     }
   }
-  train::Trainer trainer(cfg, layout, session.groups, train_store, ctx, grad_comm.get());
+  // parallel.backend shm: the gradients live in the data group's shared memory.
+  std::unique_ptr<comm::SharedSum> shared_grads;
+  if (session.backends.comm == "shm") {
+    runtime::StartupStep step(rt.watchdog(), "shared-memory gradient buffers of the data group",
+                              rt.init_timeout_s());
+    shared_grads = train::Trainer::make_shared_gradients(cfg, *session.groups.data);
+  }
+  train::Trainer trainer(cfg, layout, session.groups, train_store, ctx, grad_comm.get(),
+                         shared_grads.get());
 
   // --- run directory; resume from a checkpoint (checkpoint.resume)
   const std::filesystem::path dir(cfg.run.output_dir);

@@ -18,7 +18,8 @@ Session start_session(runtime::Runtime& rt, const std::string& deck,
   std::string problem;
   try {
     s.layout = config::resolve_layout(s.config, rt.size());
-    s.backends = runtime::resolve_backends(s.config, rt.device(), s.layout.data);
+    s.backends =
+        runtime::resolve_backends(s.config, rt.device(), s.layout.data, rt.node().num_nodes);
   } catch (const Error& e) {
     problem = e.what();
   }

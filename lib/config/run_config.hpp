@@ -75,7 +75,7 @@ struct ParallelSection {
   std::int64_t data = 0;  ///< 0 = auto: the rest of the world after tensor x pipeline
   std::int64_t tensor = 1;
   std::int64_t pipeline = 1;
-  std::string backend = "auto";  ///< auto | mpi | nccl
+  std::string backend = "auto";  ///< auto | mpi | shm | nccl
   double bucket_mb = 25.0;
   /// Start bucket all-reduces during backward, polled by a progress thread (Open MPI
   /// makes no asynchronous progress): about half the exposed communication of the

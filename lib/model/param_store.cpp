@@ -61,15 +61,31 @@ std::size_t layout_offsets(std::vector<ParamSpec>& specs, std::int64_t& count) {
 }
 }  // namespace
 
+std::size_t flat_buffer_elements(const std::vector<ParamSpec>& specs) {
+  std::vector<ParamSpec> copy = specs;
+  std::int64_t count = 0;
+  return layout_offsets(copy, count);
+}
+
+namespace {
+tensor::Arena gradient_arena(tensor::Arena::Mode mode, std::size_t bytes,
+                             const tensor::ExecContext& ctx, float* memory) {
+  if (memory == nullptr)
+    return tensor::Arena("gradients", mode, bytes, tensor::device_of(ctx), ctx.stream);
+  if (mode != tensor::Arena::Mode::allocate || tensor::device_of(ctx) != tensor::Device::host)
+    throw Error("model: gradient memory given from outside must be host memory of a real run");
+  return tensor::Arena("gradients", memory, bytes, tensor::Device::host);
+}
+}  // namespace
+
 ParamStore::ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode,
-                       tensor::ExecContext ctx)
+                       tensor::ExecContext ctx, float* gradient_memory)
     : specs_(std::move(specs)),
       buffer_elements_(layout_offsets(specs_, parameter_count_)),
       ctx_(ctx),
       params_("parameters", mode, buffer_elements_ * sizeof(float), tensor::device_of(ctx),
               ctx.stream),
-      grads_("gradients", mode, buffer_elements_ * sizeof(float), tensor::device_of(ctx),
-             ctx.stream) {
+      grads_(gradient_arena(mode, buffer_elements_ * sizeof(float), ctx, gradient_memory)) {
   // Reserve the whole block in each arena so used_bytes reports it.
   params_.take("flat parameters", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);
   grads_.take("flat gradients", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);

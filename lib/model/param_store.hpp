@@ -44,11 +44,19 @@ inline constexpr float kInitStd = 0.02f;
 /// The parameters of the dense DeepSeek-LLM decoder, in state-dict order, with offsets.
 std::vector<ParamSpec> dense_parameter_layout(const config::ModelSection& m);
 
+/// Elements of each flat buffer (padding included) that a ParamStore of `specs` holds:
+/// what memory given to it from outside must hold.
+std::size_t flat_buffer_elements(const std::vector<ParamSpec>& specs);
+
 class ParamStore {
  public:
   /// Lays out `specs` (offsets are assigned here). In plan mode nothing is allocated.
   /// The buffers live in the memory of `ctx`'s back end (host, or the CUDA device).
-  ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode, tensor::ExecContext ctx = {});
+  /// `gradient_memory` (allocate mode, host only): the gradient buffer is this memory of
+  /// flat_buffer_elements() f32, zero-filled, owned by the caller (comm::SharedSum's
+  /// shared memory), instead of an allocation of the store's own.
+  ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode, tensor::ExecContext ctx = {},
+             float* gradient_memory = nullptr);
 
   std::size_t size() const { return specs_.size(); }
   const ParamSpec& spec(std::size_t i) const { return specs_[i]; }

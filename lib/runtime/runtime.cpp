@@ -237,7 +237,7 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
 }
 
 Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device,
-                          const int data_ranks) {
+                          const int data_ranks, const int nodes) {
   Backends b;
   const bool on_gpu = device.kind == "cuda";
   const auto& kern = config.kernels.backend;
@@ -259,9 +259,22 @@ Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& dev
   // on the GPU, and auto takes it only where there is something to sum: alone in the data
   // group, the gradients stay on the device untouched (train::GradBuckets), and an NCCL
   // communicator would add a bootstrap and its failure modes for nothing.
+  // Shared memory sums host memory where every rank can map every other's: the kernels
+  // run on the host and the job is on one node. Alone there is nothing to sum.
   const auto& comm = config.parallel.backend;
   if (comm == "auto") {
-    b.comm = (b.kernels == "cuda" && core::built_with_nccl() && data_ranks > 1) ? "nccl" : "mpi";
+    if (b.kernels == "cuda")
+      b.comm = core::built_with_nccl() && data_ranks > 1 ? "nccl" : "mpi";
+    else
+      b.comm = data_ranks > 1 && nodes == 1 ? "shm" : "mpi";
+  } else if (comm == "shm" && b.kernels != "kokkos") {
+    throw DeckError("parallel.backend", "",
+                    "'shm' sums gradients in host memory, but kernels.backend is '" + b.kernels +
+                        "' (device memory): use 'mpi', 'nccl' or 'auto'");
+  } else if (comm == "shm" && nodes > 1) {
+    throw DeckError("parallel.backend", "",
+                    "'shm' needs every rank on one node, but this job spans " +
+                        std::to_string(nodes) + " nodes: use 'mpi' or 'auto'");
   } else if (comm == "nccl" && !core::built_with_nccl()) {
     throw DeckError("parallel.backend", "",
                     "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI only "

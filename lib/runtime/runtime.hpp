@@ -110,16 +110,18 @@ std::vector<std::pair<std::string, std::string>> library_versions();
 
 /// The back ends a run uses after resolving "auto" against this build and device.
 struct Backends {
-  std::string comm;     ///< "mpi" or "nccl"
+  std::string comm;     ///< "mpi", "shm" or "nccl"
   std::string kernels;  ///< "kokkos" or "cuda"
 };
 
 /// Resolves parallel.backend and kernels.backend for a rank of a data group of
-/// `data_ranks` ranks: auto = cuda kernels on a GPU, and NCCL gradients where the kernels
-/// are cuda, the build has NCCL and data_ranks > 1 (MPI otherwise). A choice this build or
-/// device cannot honour is a DeckError naming the key.
-Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device,
-                          int data_ranks);
+/// `data_ranks` ranks in a job on `nodes` nodes: auto = cuda kernels on a GPU; gradients
+/// by NCCL where the kernels are cuda, the build has NCCL and data_ranks > 1; by shared
+/// memory (shm, comm::SharedSum) where the kernels run on the host, data_ranks > 1 and
+/// the job is on one node; by MPI otherwise. A choice this build, device or job cannot
+/// honour is a DeckError naming the key.
+Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device, int data_ranks,
+                          int nodes = 1);
 
 /// The one-line layout summary rank 0 prints at start-up.
 std::string describe_layout(const Runtime& rt, const config::Layout& layout, const Backends& b);

@@ -1,5 +1,7 @@
 #include "tensor/arena.hpp"
 
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "tensor/memory.hpp"
@@ -16,8 +18,20 @@ Arena::Arena(std::string name, Mode mode, std::size_t capacity_bytes, Device dev
     base_ = allocate(device_, aligned(capacity_), stream_, ("arena '" + name_ + "'").c_str());
 }
 
+Arena::Arena(std::string name, void* memory, std::size_t capacity_bytes, Device device)
+    : name_(std::move(name)),
+      mode_(Mode::allocate),
+      device_(device),
+      capacity_(capacity_bytes),
+      base_(memory),
+      owned_(false) {
+  if (capacity_ > 0 && (memory == nullptr || reinterpret_cast<std::uintptr_t>(memory) % kAlignment))
+    throw Error("arena '" + name_ + "': the memory given is null or not " +
+                std::to_string(kAlignment) + "-byte aligned");
+}
+
 Arena::~Arena() {
-  release(device_, base_, stream_);
+  if (owned_) release(device_, base_, stream_);
 }
 
 Arena::Arena(Arena&& o) noexcept
@@ -27,11 +41,12 @@ Arena::Arena(Arena&& o) noexcept
       stream_(o.stream_),
       capacity_(o.capacity_),
       used_(o.used_),
-      base_(std::exchange(o.base_, nullptr)) {}
+      base_(std::exchange(o.base_, nullptr)),
+      owned_(o.owned_) {}
 
 Arena& Arena::operator=(Arena&& o) noexcept {
   if (this != &o) {
-    release(device_, base_, stream_);
+    if (owned_) release(device_, base_, stream_);
     name_ = std::move(o.name_);
     mode_ = o.mode_;
     device_ = o.device_;
@@ -39,6 +54,7 @@ Arena& Arena::operator=(Arena&& o) noexcept {
     capacity_ = o.capacity_;
     used_ = o.used_;
     base_ = std::exchange(o.base_, nullptr);
+    owned_ = o.owned_;
   }
   return *this;
 }

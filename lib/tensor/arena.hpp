@@ -24,6 +24,10 @@ class Arena {
   /// Device memory is allocated (and released) in the order of `stream` (a cudaStream_t).
   Arena(std::string name, Mode mode, std::size_t capacity_bytes = 0, Device device = Device::host,
         void* stream = nullptr);
+  /// Mode::allocate over memory the caller owns: `memory` (64-byte aligned, at least
+  /// aligned(capacity_bytes), zero-filled if tensors should start at zero) outlives the
+  /// arena, which never frees it.
+  Arena(std::string name, void* memory, std::size_t capacity_bytes, Device device = Device::host);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -56,6 +60,7 @@ class Arena {
   std::size_t capacity_ = 0;
   std::size_t used_ = 0;
   void* base_ = nullptr;
+  bool owned_ = true;  ///< base_ came from allocate() and is released here
 };
 
 }  // namespace dst::tensor

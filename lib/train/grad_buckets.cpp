@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "core/error.hpp"
@@ -12,10 +13,37 @@
 
 namespace dst::train {
 
+namespace {
+constexpr int kMpiPollUs = 50;      ///< progress thread's sleep between polls of MPI requests
+constexpr int kSharedPollUs = 500;  ///< ... of shared-memory sums (see progress_loop)
+
+std::size_t per_bucket(double bucket_bytes) {
+  return std::max<std::size_t>(1, static_cast<std::size_t>(bucket_bytes / sizeof(float)));
+}
+}  // namespace
+
+std::size_t GradBuckets::bucket_count_for(std::size_t elements, double bucket_bytes) {
+  const std::size_t per = per_bucket(bucket_bytes);
+  return (elements + per - 1) / per;
+}
+
 GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t elements,
                          double bucket_bytes, bool overlap, tensor::ExecContext ctx,
                          bool stage_through_host)
-    : comm_(data), ctx_(ctx), grads_(grads), overlap_(overlap) {
+    : GradBuckets(data, grads, elements, bucket_bytes, overlap, ctx, stage_through_host, nullptr) {}
+
+GradBuckets::GradBuckets(comm::SharedSum& shared, double bucket_bytes, bool overlap)
+    : GradBuckets(shared.group(), shared.local(), shared.elements(), bucket_bytes, overlap, {},
+                  false, &shared) {}
+
+GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t elements,
+                         double bucket_bytes, bool overlap, tensor::ExecContext ctx,
+                         bool stage_through_host, comm::SharedSum* shared)
+    : comm_(data), shared_(shared), ctx_(ctx), grads_(grads), overlap_(overlap) {
+  if (shared_ && shared_->slots() < bucket_count_for(elements, bucket_bytes))
+    throw Error("train: " + std::to_string(bucket_count_for(elements, bucket_bytes)) +
+                " gradient buckets but the shared-memory buffers of group '" + comm_.name() +
+                "' have " + std::to_string(shared_->slots()) + " slots");
   const bool device_on_host_comm =
       tensor::device_of(ctx_) != tensor::Device::host && !comm_.device_memory();
   // Alone in the group there is nothing to sum: device gradients stay where they are
@@ -28,7 +56,7 @@ GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t ele
   flag_ = static_cast<std::uint64_t*>(tensor::allocate(
       tensor::device_of(scan_ctx_), sizeof(std::uint64_t), scan_ctx_.stream, "gradient scan flag"));
   reset();
-  const auto per = std::max<std::size_t>(1, static_cast<std::size_t>(bucket_bytes / sizeof(float)));
+  const std::size_t per = per_bucket(bucket_bytes);
   for (std::size_t end = elements; end > 0;) {
     const std::size_t begin = end > per ? end - per : 0;
     begins_.push_back(begin);
@@ -37,7 +65,9 @@ GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t ele
   }
   requests_.resize(begins_.size());
   done_.assign(begins_.size(), false);
-  if (overlap_ && comm_.size() > 1 && comm_.concurrent_progress())
+  // A shared-memory sum's polls touch only its own counters and buffers: any thread may
+  // make them, whatever MPI's thread level.
+  if (overlap_ && comm_.size() > 1 && (shared_ || comm_.concurrent_progress()))
     progress_ = std::thread([this] { progress_loop(); });
 }
 
@@ -55,7 +85,11 @@ GradBuckets::~GradBuckets() {
 // Polls the started buckets until wait_all() takes over. Each MPI_Test moves the
 // all-reduce a few shared-memory fragments on; between polls the thread sleeps, so it
 // costs the computing thread little (a poll is a few microseconds; 50 us is about the
-// shortest sleep Linux's default timer slack gives).
+// shortest sleep Linux's default timer slack gives). A shared-memory sum needs far fewer
+// polls: one adds this rank's whole part of a bucket once every rank has started it, so
+// the thread wakes every 500 us, a tenth as often (no slower in small's steps at 2 ranks,
+// where a thread-less variant, polling only in ready(), was not faster either:
+// docs/performance.md).
 void GradBuckets::progress_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
@@ -78,7 +112,7 @@ void GradBuckets::progress_loop() {
       continue;
     }
     lock.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    std::this_thread::sleep_for(std::chrono::microseconds(shared_ ? kSharedPollUs : kMpiPollUs));
     lock.lock();
   }
 }
@@ -99,7 +133,8 @@ void GradBuckets::start(std::size_t i) {
   range.device = tensor::device_of(scan_ctx_);
   kernels::first_nonfinite_min(scan_ctx_, range, begins_[i], flag_tensor());
   if (alone_on_device_) return;  // a host communicator must not see device memory
-  requests_[i] = comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
+  requests_[i] = shared_ ? shared_->isum(i, begins_[i], n)
+                         : comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
 }
 
 void GradBuckets::ready(std::size_t offset) {

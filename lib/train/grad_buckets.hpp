@@ -13,6 +13,10 @@
 /// its collectives ordered after the backward's kernels by the stream events of the NCCL
 /// back end. A host-memory communicator (MPI) gets each bucket staged through a host
 /// copy: copied down when it starts, summed there, copied back by wait_all().
+///
+/// Ranks on one node (parallel.backend shm): the gradients live in a comm::SharedSum's
+/// shared-memory buffer and each bucket is summed there in place, by the same progress
+/// thread (or polls) that drives MPI's all-reduce.
 
 #include <condition_variable>
 #include <cstddef>
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/shared_sum.hpp"
 #include "tensor/context.hpp"
 #include "tensor/tensor.hpp"
 
@@ -37,6 +42,9 @@ class GradBuckets {
   /// how the CPU tests exercise the staged path a GPU run with MPI takes.
   GradBuckets(comm::Communicator& data, float* grads, std::size_t elements, double bucket_bytes,
               bool overlap, tensor::ExecContext ctx = {}, bool stage_through_host = false);
+  /// The gradients are `shared.local()` (host memory), summed in shared memory over
+  /// `shared.group()`. Throws dst::Error if `shared` has fewer slots than buckets.
+  GradBuckets(comm::SharedSum& shared, double bucket_bytes, bool overlap);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -52,6 +60,8 @@ class GradBuckets {
   void reset();
 
   std::size_t bucket_count() const { return begins_.size(); }
+  /// How many buckets a buffer of `elements` f32 makes at `bucket_bytes` each.
+  static std::size_t bucket_count_for(std::size_t elements, double bucket_bytes);
   /// True when a progress thread polls the buckets in flight (overlap on a communicator
   /// that allows it).
   bool progress_thread() const { return progress_.joinable(); }
@@ -68,10 +78,14 @@ class GradBuckets {
   std::int64_t first_nonfinite_offset() const { return first_nonfinite_; }
 
  private:
+  GradBuckets(comm::Communicator& data, float* grads, std::size_t elements, double bucket_bytes,
+              bool overlap, tensor::ExecContext ctx, bool stage_through_host,
+              comm::SharedSum* shared);
   void start(std::size_t i);
   tensor::Tensor flag_tensor() const;
   void progress_loop();
   comm::Communicator& comm_;
+  comm::SharedSum* shared_ = nullptr;  ///< sums in shared memory instead of comm_
   tensor::ExecContext ctx_;
   float* grads_;
   std::vector<float> staging_;     ///< host copy of the gradients when staged()

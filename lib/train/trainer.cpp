@@ -69,13 +69,19 @@ std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
 
 Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                  comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx,
-                 comm::Communicator* grad_comm)
+                 comm::Communicator* grad_comm, comm::SharedSum* shared_grads)
     : cfg_(config), layout_(layout), groups_(groups), train_(train), ctx_(ctx) {
   const std::int64_t micro = config.training.micro_batch_size;
   const std::int64_t T = config.data.seq_len;
+  if (shared_grads && shared_grads->elements() !=
+                          model::flat_buffer_elements(model::dense_parameter_layout(config.model)))
+    throw Error("train: the shared-memory gradient buffers hold " +
+                std::to_string(shared_grads->elements()) +
+                " elements, not this model's gradient buffer (make_shared_gradients sizes them)");
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
-      storage_type(config.training.precision), config.debug.deterministic);
+      storage_type(config.training.precision), config.debug.deterministic,
+      shared_grads ? shared_grads->local() : nullptr);
   loss_scaling_ = config.training.precision == "fp16";
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   data::SamplerConfig sc;
@@ -87,9 +93,13 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   sc.dp_size = layout.data;
   sampler_ = std::make_unique<data::Sampler>(sc);
   auto& ps = model_->params();
-  buckets_ = std::make_unique<GradBuckets>(
-      grad_comm ? *grad_comm : *groups.data, ps.grads_data(), ps.buffer_elements(),
-      config.parallel.bucket_mb * 1024.0 * 1024.0, config.parallel.overlap, ctx_);
+  const double bucket_bytes = config.parallel.bucket_mb * 1024.0 * 1024.0;
+  if (shared_grads)
+    buckets_ = std::make_unique<GradBuckets>(*shared_grads, bucket_bytes, config.parallel.overlap);
+  else
+    buckets_ = std::make_unique<GradBuckets>(grad_comm ? *grad_comm : *groups.data, ps.grads_data(),
+                                             ps.buffer_elements(), bucket_bytes,
+                                             config.parallel.overlap, ctx_);
   // debug.inject_nan_step poisons the first gradient of the last block's MLP output.
   inject_nan_offset_ =
       ps.spec(ps.index_of("model.layers." + std::to_string(config.model.n_layers - 1) +
@@ -101,6 +111,15 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
 }
 
 Trainer::~Trainer() = default;
+
+std::unique_ptr<comm::SharedSum> Trainer::make_shared_gradients(const config::RunConfig& config,
+                                                                comm::Communicator& data) {
+  const std::size_t elements =
+      model::flat_buffer_elements(model::dense_parameter_layout(config.model));
+  return std::make_unique<comm::SharedSum>(
+      data, elements,
+      GradBuckets::bucket_count_for(elements, config.parallel.bucket_mb * 1024.0 * 1024.0));
+}
 
 void Trainer::initialize_parameters() {
   model_->params().initialize(cfg_.run.seed);

@@ -67,10 +67,17 @@ class Trainer {
   /// moments. `grad_comm`: the data-parallel group the gradients are summed over, when it
   /// is not groups.data (the NCCL communicator of a GPU run); the small host-side
   /// reductions (loss, flags) always use groups.data.
+  /// `shared_grads` (parallel.backend shm, host kernels): the gradients live in its
+  /// shared memory and are summed there (make_shared_gradients() sizes it).
   Trainer(const config::RunConfig& config, const config::Layout& layout,
           comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx = {},
-          comm::Communicator* grad_comm = nullptr);
+          comm::Communicator* grad_comm = nullptr, comm::SharedSum* shared_grads = nullptr);
   ~Trainer();
+
+  /// The shared-memory gradient buffers of `data` for this deck's model and buckets
+  /// (collective over `data`, whose ranks must share one node).
+  static std::unique_ptr<comm::SharedSum> make_shared_gradients(const config::RunConfig& config,
+                                                                comm::Communicator& data);
 
   /// Deterministic initial parameters from run.seed (identical on every rank).
   void initialize_parameters();

@@ -17,6 +17,11 @@ rank-dependent schedule moves losses and parameters by 1e-3 or more.
 That the per-rank shards are disjoint and cover the global batch is tested directly in
 tests/mpi/data (the sampler); this test checks the whole training step end to end.
 
+The data-parallel layouts run on both gradient back ends: shared memory (what auto picks
+for ranks on one node) and MPI. On two ranks they must agree bit for bit (each element's
+sum is one addition, a + b == b + a); on four, within the tolerance above (MPI chooses
+its own summation order).
+
 usage: rank_invariance.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 """
 import json
@@ -33,6 +38,8 @@ TOL_PARAM = 1e-5
 STEPS = 10
 SEQ, MICRO, GLOBAL = 64, 2, 8
 LAYOUTS = [(1, 4), (2, 2), (4, 1)]  # (ranks, accumulation steps)
+# Each data-parallel layout again with the gradients summed by MPI instead of shm.
+MPI_LAYOUTS = [(2, 2), (4, 1)]
 
 
 def rel_l2(a, b):
@@ -51,8 +58,9 @@ def main():
     subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
                     "--train-samples", "256", "--valid-samples", "8"], check=True)
     runs = {}
-    for ranks, accum in LAYOUTS:
-        out = os.path.join(work, f"np{ranks}")
+    for ranks, accum, backend in [(r, a, "auto") for r, a in LAYOUTS] + \
+            [(r, a, "mpi") for r, a in MPI_LAYOUTS]:
+        out = os.path.join(work, f"np{ranks}-{backend}")
         cmd = [mpiexec, numproc_flag, str(ranks), "--oversubscribe", *preflags, dstrain, "train",
                deck, "--set", f"data.train={data}/train.txt", "--set", f"data.valid={data}/valid.txt",
                "--set", "data.text_separator=", "--set", f"data.seq_len={SEQ}",
@@ -60,31 +68,47 @@ def main():
                "--set", f"training.global_batch_size={GLOBAL}",
                "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
                "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
-               "--set", "eval.batches=1", "--set", f"run.output_dir={out}"]
+               "--set", "eval.batches=1", "--set", f"run.output_dir={out}",
+               "--set", f"parallel.backend={backend}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
-            print(f"FAILED: np={ranks} run exited {r.returncode}")
+            print(f"FAILED: np={ranks} ({backend}) run exited {r.returncode}")
             return 1
-        want = f"micro-batch {MICRO} x {accum} accumulation x {ranks} data ranks"
-        if want not in r.stdout + r.stderr:
-            print(r.stdout + r.stderr)
-            print(f"FAILED: np={ranks}: the log does not say '{want}'")
-            return 1
+        comm = "mpi" if backend == "mpi" or ranks == 1 else "shm"
+        for want in (f"micro-batch {MICRO} x {accum} accumulation x {ranks} data ranks",
+                     f"| comm {comm} |"):
+            if want not in r.stdout + r.stderr:
+                print(r.stdout + r.stderr)
+                print(f"FAILED: np={ranks} ({backend}): the log does not say '{want}'")
+                return 1
         with open(os.path.join(out, "metrics.jsonl")) as f:
             recs = [json.loads(line) for line in f if line.strip()]
         losses = [r["loss"] for r in recs if r.get("type") == "step"]
         with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
             params = {k: np.array(f["params"][k]) for k in f["params"]}
-        runs[ranks] = (losses, params)
+        runs[(ranks, backend)] = (losses, params)
 
     problems = []
-    ref_losses, ref_params = runs[1]
+    # Two ranks, shm against MPI: the same bits.
+    shm_losses, shm_params = runs[(2, "auto")]
+    mpi_losses, mpi_params = runs[(2, "mpi")]
+    if shm_losses != mpi_losses:
+        problems.append(f"np=2: shm losses {shm_losses} differ from MPI's {mpi_losses}")
+    differing = [k for k in mpi_params if not np.array_equal(shm_params.get(k), mpi_params[k])]
+    if differing:
+        problems.append(f"np=2: {len(differing)} tensors differ between shm and MPI, first "
+                        f"{differing[0]}")
+    else:
+        print(f"np=2: shm and MPI give bit-identical losses and {len(mpi_params)} tensors")
+    ref_losses, ref_params = runs[(1, "auto")]
     if len(ref_losses) != STEPS:
         problems.append(f"np=1 logged {len(ref_losses)} step losses, expected {STEPS}")
-    for ranks, accum in LAYOUTS[1:]:
-        losses, params = runs[ranks]
-        name = f"np={ranks} x accum {accum} vs np=1 x accum 4"
+    for ranks, accum, backend in [(r, a, "auto") for r, a in LAYOUTS[1:]] + \
+            [(r, a, "mpi") for r, a in MPI_LAYOUTS]:
+        losses, params = runs[(ranks, backend)]
+        name = (f"np={ranks} x accum {accum} ({'mpi' if backend == 'mpi' else 'shm'}) "
+                f"vs np=1 x accum 4")
         if len(losses) != len(ref_losses):
             problems.append(f"{name}: {len(losses)} losses vs {len(ref_losses)}")
         worst_loss = 0.0

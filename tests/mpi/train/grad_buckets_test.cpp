@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "comm/shared_sum.hpp"
+#include "core/error.hpp"
 #include "mpi_world.hpp"
 #include "train/grad_buckets.hpp"
 
@@ -122,6 +124,50 @@ TEST_P(GradBucketsTest, StagedBucketsSumInTheHostCopyAndComeBackAtWaitAll) {
       EXPECT_NE(g[kPoisoned], g[kPoisoned]) << "every rank's sum holds the NaN";
     }
   }
+}
+
+// parallel.backend shm: the gradients are the shared buffer; every bucket is summed in
+// place there, several steps running, and with overlap the progress thread alone
+// completes the buckets while the owner computes (the shared sum needs no MPI thread
+// level). A NaN is still named by the rank that produced it.
+TEST_P(GradBucketsTest, SharedMemoryBucketsSumInPlaceForSeveralSteps) {
+  comm::MpiCommunicator data(MPI_COMM_WORLD, "data", 60.0);
+  const bool overlap = GetParam();
+  comm::SharedSum shared(data, kElements, GradBuckets::bucket_count_for(kElements, kBucketBytes));
+  EXPECT_EQ(shared.slots(), 16u);
+  GradBuckets buckets(shared, kBucketBytes, overlap);
+  EXPECT_EQ(buckets.bucket_count(), 16u);
+  EXPECT_EQ(buckets.progress_thread(), overlap && world_size() > 1);
+  float* g = shared.local();
+  constexpr std::size_t kPoisoned = kElements / 3;
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < kElements; ++i)
+      g[i] = value(i, world_rank());
+    const bool poison = step == 2 && world_rank() == 0;
+    if (poison) g[kPoisoned] = std::numeric_limits<float>::infinity();
+    buckets.reset();
+    for (std::size_t k = 8; k-- > 0;)
+      buckets.ready(k * (kElements / 8));
+    if (buckets.progress_thread()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (buckets.completed() < buckets.bucket_count() &&
+             std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_EQ(buckets.completed(), buckets.bucket_count()) << "step " << step;
+    }
+    buckets.wait_all();
+    EXPECT_EQ(buckets.first_nonfinite_offset(), poison ? static_cast<std::int64_t>(kPoisoned) : -1);
+    if (step < 2)
+      expect_sums(std::vector<float>(g, g + kElements));
+    else
+      EXPECT_EQ(g[kPoisoned], std::numeric_limits<float>::infinity());
+  }
+}
+
+TEST(GradBuckets, SharedMemoryNeedsASlotPerBucket) {
+  comm::MpiCommunicator data(MPI_COMM_WORLD, "data", 60.0);
+  comm::SharedSum shared(data, kElements, 15);
+  EXPECT_THROW(GradBuckets(shared, kBucketBytes, true), Error);
 }
 
 std::string overlap_name(const ::testing::TestParamInfo<bool>& p) {

@@ -307,7 +307,7 @@ TEST(DeckErrors, EnumValuesListAllowed) {
   EXPECT_TRUE(Contains(load_error("training:\n  schedule: {type: step}\n"),
                        "expected one of constant, cosine, linear, inverse_sqrt, multistep"));
   EXPECT_TRUE(Contains(load_error("parallel:\n  backend: gloo\n"),
-                       "parallel.backend: expected one of auto, mpi, nccl, got 'gloo'"));
+                       "parallel.backend: expected one of auto, mpi, shm, nccl, got 'gloo'"));
   EXPECT_TRUE(Contains(load_error("kernels:\n  backend: hip\n"), "auto, kokkos, cuda"));
   EXPECT_TRUE(Contains(load_error("debug:\n  nan_policy: ignore\n"), "abort, skip"));
   EXPECT_TRUE(Contains(load_error("training:\n  optimizer: {type: sgd}\n"), "one of adamw"));

@@ -44,10 +44,25 @@ std::string deck_error_key(F f, std::string* message = nullptr) {
   return "";
 }
 
-TEST(Backends, AutoOnTheHostIsKokkosAndMpi) {
-  const Backends b = resolve_backends(deck("auto", "auto"), host(), 2);
+TEST(Backends, AutoOnTheHostIsKokkosAndSharedMemoryOnOneNode) {
+  const Backends b = resolve_backends(deck("auto", "auto"), host(), 2, 1);
   EXPECT_EQ(b.kernels, "kokkos");
-  EXPECT_EQ(b.comm, "mpi");
+  EXPECT_EQ(b.comm, "shm");
+  // Alone there is nothing to sum; across nodes there is no shared memory.
+  EXPECT_EQ(resolve_backends(deck("auto", "auto"), host(), 1, 1).comm, "mpi");
+  EXPECT_EQ(resolve_backends(deck("auto", "auto"), host(), 4, 2).comm, "mpi");
+  EXPECT_EQ(resolve_backends(deck("auto", "mpi"), host(), 2, 1).comm, "mpi");
+  EXPECT_EQ(resolve_backends(deck("auto", "shm"), host(), 1, 1).comm, "shm");
+}
+
+TEST(Backends, SharedMemoryNeedsHostKernelsAndOneNode) {
+  std::string msg;
+  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("auto", "shm"), host(), 4, 2); }, &msg),
+            "parallel.backend");
+  EXPECT_NE(msg.find("spans 2 nodes"), std::string::npos) << msg;
+  EXPECT_EQ(deck_error_key([] { resolve_backends(deck("auto", "shm"), gpu(), 2, 1); }, &msg),
+            "parallel.backend");
+  EXPECT_NE(msg.find("host memory"), std::string::npos) << msg;
 }
 
 TEST(Backends, AutoOnAGpuIsCudaAndNcclWhereBuilt) {
@@ -67,11 +82,12 @@ TEST(Backends, AutoAloneOnAGpuKeepsMpi) {
   }
 }
 
-TEST(Backends, KokkosOnAGpuKeepsTheGradientsOnMpi) {
-  // The CPU half of the GPU parity check: host kernels on a GPU machine.
+TEST(Backends, KokkosOnAGpuKeepsTheGradientsOnTheHost) {
+  // The CPU half of the GPU parity check: host kernels on a GPU machine sum host memory.
   const Backends b = resolve_backends(deck("kokkos", "auto"), gpu(), 2);
   EXPECT_EQ(b.kernels, "kokkos");
-  EXPECT_EQ(b.comm, "mpi");
+  EXPECT_EQ(b.comm, "shm");
+  EXPECT_EQ(resolve_backends(deck("kokkos", "auto"), gpu(), 2, 3).comm, "mpi");
 }
 
 TEST(Backends, CudaWithoutADeviceIsADeckError) {

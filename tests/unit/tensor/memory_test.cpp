@@ -115,5 +115,36 @@ TEST(Memory, ParamStoreTensorsAndFlatViewsShareTheBuffers) {
   EXPECT_EQ(ps.grads_flat().ptr<float>()[3], 0.0f);
 }
 
+// The gradients of parallel.backend shm live in memory the store does not own: the
+// arena carves it without freeing it, refuses misaligned memory, and the store's gradient
+// views point into it while its parameters keep their own allocation.
+TEST(Memory, ParamStoreGradientsInMemoryGivenFromOutside) {
+  config::ModelSection m;
+  m.vocab_size = 32;
+  m.d_model = 16;
+  m.n_layers = 1;
+  m.n_heads = 2;
+  m.n_kv_heads = 2;
+  m.ffn_dim = 32;
+  m.max_seq_len = 8;
+  const auto specs = model::dense_parameter_layout(m);
+  const std::size_t n = model::flat_buffer_elements(specs);
+  alignas(64) static float outside[4096];
+  ASSERT_LE(n, 4096u);
+  {
+    model::ParamStore ps(specs, Arena::Mode::allocate, {}, outside);
+    EXPECT_EQ(ps.buffer_elements(), n);
+    EXPECT_EQ(ps.grads_data(), outside);
+    EXPECT_EQ(ps.grad(2).data, outside + ps.spec(2).offset);
+    EXPECT_NE(ps.params_data(), outside);
+    outside[5] = 3.0f;
+    ps.zero_grads();
+    EXPECT_EQ(outside[5], 0.0f);
+  }
+  outside[0] = 1.0f;  // still ours after the store is gone (never freed by it)
+  EXPECT_THROW(Arena("x", outside + 1, 64), Error);
+  EXPECT_THROW(model::ParamStore(specs, Arena::Mode::plan, {}, outside), Error);
+}
+
 }  // namespace
 }  // namespace dst::tensor

@@ -1,0 +1,266 @@
+#include "comm/shared_sum.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "comm/mpi_communicator.hpp"
+#include "comm/op_info.hpp"
+#include "core/deadline.hpp"
+#include "core/error.hpp"
+#include "core/flight_recorder.hpp"
+#include "core/log.hpp"
+#include "core/step_context.hpp"
+#include "runtime/mpi_check.hpp"
+
+namespace dst::comm {
+
+namespace {
+
+// The counters are plain memory shared between processes: only an always-lock-free
+// atomic is address-free (the same object seen through two mappings is one atomic).
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+              "shared-memory counters need lock-free 64-bit atomics");
+
+constexpr std::size_t kLine = 64;                           ///< bytes of a cache line (x86-64, Arm)
+constexpr std::size_t kLineFloats = kLine / sizeof(float);  ///< f32 per line
+constexpr std::size_t kPage = 4096;
+
+std::size_t round_up(std::size_t n, std::size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+}  // namespace
+
+/// One started sum. Does this rank's part once every rank has marked the range ready,
+/// and completes once every rank has done its part.
+class SharedSum::Op final : public Request::Impl {
+ public:
+  Op(SharedSum& sum, std::size_t slot, std::size_t begin, std::size_t count, std::uint64_t use,
+     double timeout_s)
+      : sum_(sum),
+        slot_(slot),
+        begin_(begin),
+        count_(count),
+        use_(use),
+        timeout_s_(timeout_s),
+        seq_(core::FlightRecorder::instance().begin(describe())) {}
+
+  bool test() override {
+    if (!added_) {
+      for (int q = 0; q < sum_.size_; ++q)
+        if (sum_.ready(q, slot_).load(std::memory_order_acquire) < use_) return false;
+      sum_.add_my_part(begin_, count_);
+      sum_.done(sum_.rank_, slot_).store(use_, std::memory_order_release);
+      added_ = true;
+    }
+    for (int q = 0; q < sum_.size_; ++q)
+      if (sum_.done(q, slot_).load(std::memory_order_acquire) < use_) return false;
+    if (!recorded_done_) {
+      core::FlightRecorder::instance().end(seq_);
+      sum_.completed_[slot_] = use_;
+    }
+    recorded_done_ = true;
+    return true;
+  }
+
+  void wait() override { wait_for(timeout_s_); }
+
+  // Polls like runtime::wait_with_deadline: yielding for the first second (a peer's
+  // backward is usually about to finish), then sleeps growing to 100 us.
+  void wait_for(double timeout_s) override {
+    const core::Deadline deadline(timeout_s);
+    constexpr double kBusyPollSeconds = 1.0;
+    auto nap = std::chrono::microseconds(10);
+    for (;;) {
+      if (test()) return;
+      if (deadline.expired()) throw TimeoutError(timeout_message(deadline.limit_s()));
+      if (deadline.elapsed_s() < kBusyPollSeconds) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(100));
+      }
+    }
+  }
+
+  std::string describe() const override {
+    OpInfo info{OpKind::allreduce, ReduceOp::sum, count_, DType::f32, 0};
+    return describe_op("shm", info, sum_.group_.name(), sum_.size_) + ", elements [" +
+           std::to_string(begin_) + ", " + std::to_string(begin_ + count_) + ") of slot " +
+           std::to_string(slot_);
+  }
+
+ private:
+  std::string timeout_message(double limit_s) const {
+    std::ostringstream os;
+    os << describe() << " did not complete within " << limit_s << " s at "
+       << core::describe_current_step() << " (rank " << sum_.rank_ << " waited;";
+    const auto list = [&](const char* what, auto&& late) {
+      std::string ranks;
+      for (int q = 0; q < sum_.size_; ++q)
+        if (late(q)) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+      if (!ranks.empty()) os << " " << what << ": " << ranks << ";";
+    };
+    list("not started by rank(s)",
+         [&](int q) { return sum_.ready(q, slot_).load(std::memory_order_acquire) < use_; });
+    list("started, part not yet added by rank(s)", [&](int q) {
+      return sum_.ready(q, slot_).load(std::memory_order_acquire) >= use_ &&
+             sum_.done(q, slot_).load(std::memory_order_acquire) < use_;
+    });
+    os << " a peer is missing, hung or slower than the deadline)\n"
+       << "recent operations on rank " << sum_.rank_ << " (flight recorder, oldest first):\n"
+       << core::FlightRecorder::instance().report();
+    return os.str();
+  }
+
+  SharedSum& sum_;
+  std::size_t slot_, begin_, count_;
+  std::uint64_t use_;
+  double timeout_s_;
+  std::uint64_t seq_;  ///< in the flight recorder
+  bool added_ = false;
+  bool recorded_done_ = false;
+};
+
+SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slots)
+    : group_(group),
+      elements_(elements),
+      slots_(slots),
+      rank_(group.rank()),
+      size_(group.size()),
+      uses_(slots, 0),
+      completed_(slots, 0),
+      uncaught_at_start_(std::uncaught_exceptions()) {
+  const std::string what = "comm: shared-memory buffers of group '" + group.name() + "'";
+  // Every rank is here (or the deadline names the one that is not) before the blocking
+  // MPI calls below, which have no deadline of their own.
+  group_.barrier();
+  const MPI_Comm comm = mpi_comm_of(group_);
+  DST_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_));
+  int node_size = 0;
+  DST_MPI_CHECK(MPI_Comm_size(node_, &node_size));
+  const int everywhere = group_.allreduce_value(node_size == size_ ? 1 : 0, ReduceOp::min);
+  if (everywhere == 0) {
+    MPI_Comm_free(&node_);
+    throw Error(what + ": its " + std::to_string(size_) +
+                " ranks are not all on one node (this rank shares a node with " +
+                std::to_string(node_size) + " of them); use parallel.backend mpi");
+  }
+  // Per rank: the counters (two cache lines per slot), then the buffer, whole pages.
+  const std::size_t flag_bytes = round_up(slots_ * 2 * kLine, kPage);
+  // One line more: Open MPI does not promise aligned segments. Every mapping of a
+  // segment starts on a page, so its offset within a line is the same in every process.
+  const std::size_t bytes = kLine + flag_bytes + round_up(elements_ * sizeof(float), kPage);
+  MPI_Info info = MPI_INFO_NULL;
+  DST_MPI_CHECK(MPI_Info_create(&info));
+  // Each rank's segment on its own pages (first touched by its owner, so on its NUMA node).
+  DST_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
+  void* mine = nullptr;
+  const int rc =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, info, node_, &mine, &window_);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&node_);
+    throw Error(what + ": MPI_Win_allocate_shared of " + std::to_string(bytes) +
+                " B per rank failed (is /dev/shm large enough?)");
+  }
+  segments_.resize(static_cast<std::size_t>(size_));
+  flags_.resize(static_cast<std::size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    MPI_Aint size = 0;
+    int unit = 0;
+    void* base = nullptr;
+    DST_MPI_CHECK(MPI_Win_shared_query(window_, q, &size, &unit, &base));
+    auto* aligned =
+        reinterpret_cast<unsigned char*>(round_up(reinterpret_cast<std::uintptr_t>(base), kLine));
+    flags_[static_cast<std::size_t>(q)] = aligned;
+    segments_[static_cast<std::size_t>(q)] = reinterpret_cast<float*>(aligned + flag_bytes);
+  }
+  for (std::size_t s = 0; s < slots_; ++s) {
+    new (&ready(rank_, s)) std::atomic<std::uint64_t>(0);
+    new (&done(rank_, s)) std::atomic<std::uint64_t>(0);
+  }
+  std::memset(local(), 0, elements_ * sizeof(float));
+  // The peers read these counters from now on: they must see them initialised.
+  group_.barrier();
+}
+
+SharedSum::~SharedSum() {
+  if (window_ == MPI_WIN_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (std::uncaught_exceptions() > uncaught_at_start_) return;  // see the header
+  try {
+    // No peer may still be reading this rank's buffer, and MPI_Win_free must not wait
+    // for a rank that never comes.
+    group_.barrier();
+    DST_MPI_CHECK(MPI_Win_free(&window_));
+    DST_MPI_CHECK(MPI_Comm_free(&node_));
+  } catch (const std::exception& e) {
+    log::error(std::string("comm: freeing the shared-memory buffers of group '") + group_.name() +
+               "': " + e.what());
+  }
+}
+
+std::atomic<std::uint64_t>& SharedSum::ready(int rank, std::size_t slot) const {
+  return *reinterpret_cast<std::atomic<std::uint64_t>*>(flags_[static_cast<std::size_t>(rank)] +
+                                                        (2 * slot) * kLine);
+}
+
+std::atomic<std::uint64_t>& SharedSum::done(int rank, std::size_t slot) const {
+  return *reinterpret_cast<std::atomic<std::uint64_t>*>(flags_[static_cast<std::size_t>(rank)] +
+                                                        (2 * slot + 1) * kLine);
+}
+
+void SharedSum::part_of(std::size_t count, int ranks, int r, std::size_t& first,
+                        std::size_t& last) {
+  const std::size_t per = round_up(
+      (count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks), kLineFloats);
+  first = std::min(count, static_cast<std::size_t>(r) * per);
+  last = std::min(count, first + per);
+}
+
+Request SharedSum::isum(std::size_t slot, std::size_t begin, std::size_t count) {
+  if (slot >= slots_ || begin > elements_ || count > elements_ - begin)
+    throw Error("comm: shared-memory sum of elements [" + std::to_string(begin) + ", " +
+                std::to_string(begin + count) + ") on slot " + std::to_string(slot) +
+                ": outside the " + std::to_string(elements_) + " elements and " +
+                std::to_string(slots_) + " slots of group '" + group_.name() + "'");
+  if (completed_[slot] != uses_[slot])
+    throw Error("comm: shared-memory sum on slot " + std::to_string(slot) + " of group '" +
+                group_.name() + "' started while the slot's previous sum is still pending");
+  const std::uint64_t use = ++uses_[slot];
+  ready(rank_, slot).store(use, std::memory_order_release);
+  return Request(std::make_unique<Op>(*this, slot, begin, count, use, group_.timeout_s()));
+}
+
+void SharedSum::add_my_part(std::size_t begin, std::size_t count) const {
+  if (size_ == 1) return;  // the sum over one rank is its own buffer
+  std::size_t first = 0, last = 0;
+  part_of(count, size_, rank_, first, last);
+  // Partial sums of one chunk stay in L1 while every buffer's chunk is added to them and
+  // then stored into every buffer: each element is read and written once per buffer.
+  constexpr std::size_t kChunk = 1024;
+  float acc[kChunk];
+  for (std::size_t i = begin + first; i < begin + last; i += kChunk) {
+    const std::size_t n = std::min(kChunk, begin + last - i);
+    const float* s0 = segments_[0] + i;
+    for (std::size_t j = 0; j < n; ++j)
+      acc[j] = s0[j];
+    for (int q = 1; q < size_; ++q) {  // rank order: the same bits on every rank
+      const float* s = segments_[static_cast<std::size_t>(q)] + i;
+      for (std::size_t j = 0; j < n; ++j)
+        acc[j] += s[j];
+    }
+    for (int q = 0; q < size_; ++q)
+      std::memcpy(segments_[static_cast<std::size_t>(q)] + i, acc, n * sizeof(float));
+  }
+}
+
+}  // namespace dst::comm

@@ -1,0 +1,97 @@
+#pragma once
+/// \file shared_sum.hpp
+/// An in-place sum all-reduce over f32 buffers that live in one node's shared memory:
+/// the data-parallel gradients of ranks that share a node (parallel.backend shm).
+///
+/// Every rank's buffer is a segment of one MPI shared-memory window
+/// (MPI_Win_allocate_shared), so each rank reads and writes its peers' buffers directly.
+/// A sum of a range splits it into one contiguous part per rank; rank r adds part r of
+/// every buffer, in rank order, and writes the sum into part r of every buffer. Each rank
+/// thus reads and writes each element of the range once, and no element travels through
+/// a message queue: Open MPI's shared-memory all-reduce copies every element into a
+/// queue, out of it and through an add on both ranks (about seven passes over the
+/// buffer against two here; docs/performance.md has the measurement).
+///
+/// Synchronisation is two counters per slot and rank in the window: `ready` (this rank's
+/// range is final and may be read) and `done` (this rank has written its part into every
+/// buffer). A slot's n-th sum waits for every rank's ready >= n, adds, sets done = n, and
+/// is complete when every rank's done >= n; only then may a rank write that range again.
+/// The work happens inside Request::test() and wait(), like Open MPI's progress, so a
+/// progress thread that polls the requests does it while the backward computes. Every
+/// wait has the communicator's deadline; a timeout names the ranks that had not started
+/// or not finished their part.
+///
+/// Every element is added by one rank in a fixed order (rank 0 + rank 1 + ...), so every
+/// rank ends with the same bits, run after run. For two ranks these are MPI's bits too
+/// (a + b == b + a in IEEE arithmetic).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <mpi.h>
+
+#include "comm/communicator.hpp"
+
+namespace dst::comm {
+
+class SharedSum {
+ public:
+  /// Collective over `group` (an MPI communicator whose ranks all share one node; throws
+  /// dst::Error naming the group otherwise). Every rank gets a buffer of `elements` f32
+  /// (zero-filled, 64-byte aligned) and `slots` independent slots. The first step is a
+  /// barrier with the group's deadline, so a missing rank is a TimeoutError, not a hang.
+  SharedSum(Communicator& group, std::size_t elements, std::size_t slots);
+  /// Frees the window after a barrier with the group's deadline. While an exception
+  /// propagates (the job is ending) it frees nothing: MPI_Win_free is collective and the
+  /// peers may never reach it.
+  ~SharedSum();
+  SharedSum(const SharedSum&) = delete;
+  SharedSum& operator=(const SharedSum&) = delete;
+
+  /// This rank's buffer (host memory, elements() f32).
+  float* local() const { return segments_[static_cast<std::size_t>(rank_)]; }
+  std::size_t elements() const { return elements_; }
+  std::size_t slots() const { return slots_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Communicator& group() const { return group_; }
+
+  /// Starts the sum of [begin, begin + count) of every rank's buffer, in place, on slot
+  /// `slot`. This rank's range must be final (it is read by the peers from now on) and
+  /// must not be written until the request completes. Every rank starts the same ranges
+  /// on the same slots in the same order; a slot takes its next sum only once its last
+  /// one has completed on this rank (else dst::Error).
+  Request isum(std::size_t slot, std::size_t begin, std::size_t count);
+
+  /// The contiguous part of a range of `count` elements that rank `r` adds: [first,
+  /// last) relative to the range's start. Parts are whole 64-byte lines (16 f32, except
+  /// the last) so that no two ranks write the same cache line.
+  static void part_of(std::size_t count, int ranks, int r, std::size_t& first, std::size_t& last);
+
+ private:
+  class Op;
+  friend class Op;
+
+  /// The two counters of (rank, slot).
+  std::atomic<std::uint64_t>& ready(int rank, std::size_t slot) const;
+  std::atomic<std::uint64_t>& done(int rank, std::size_t slot) const;
+  /// Adds part `rank_` of [begin, begin + count) over every buffer and stores it in each.
+  void add_my_part(std::size_t begin, std::size_t count) const;
+
+  Communicator& group_;
+  std::size_t elements_;
+  std::size_t slots_;
+  int rank_ = 0;
+  int size_ = 1;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::vector<float*> segments_;          ///< every rank's buffer
+  std::vector<unsigned char*> flags_;     ///< every rank's counters
+  std::vector<std::uint64_t> uses_;       ///< sums started per slot by this rank
+  std::vector<std::uint64_t> completed_;  ///< the last of them seen complete
+  int uncaught_at_start_ = 0;
+};
+
+}  // namespace dst::comm
