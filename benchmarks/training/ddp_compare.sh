@@ -15,16 +15,7 @@ reps=${2:-3}
 mode=${3:-full}
 py=${DSTRAIN_PYTHON:-$("$src/scripts/setup-oracles")}
 # The runs' directories (about 1 GiB: final parameters and checkpoints) go in
-# DSTRAIN_BENCH_WORK, kept; without it in a temporary directory removed at the end.
-if [[ -n ${DSTRAIN_BENCH_WORK:-} ]]; then
-  work=$DSTRAIN_BENCH_WORK
-else
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-fi
-# The same environment for both sides: one thread per process (BLAS, OpenMP, PyTorch).
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none
+# DSTRAIN_BENCH_WORK, or a temporary one; the same environment for both sides.
+source "$here/bench_env.sh"
 "$py" "$here/ddp_compare.py" "$build/bin/dstrain" "$src" "$work" "$reps" "$mode" -- \
   mpiexec --oversubscribe -n

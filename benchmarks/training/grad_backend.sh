@@ -23,16 +23,8 @@ if ((steps < 2 || steps % 2)); then
   echo "grad_backend.sh: STEPS must be even and at least 2" >&2
   exit 2
 fi
-# The runs' directories go in DSTRAIN_BENCH_WORK, kept; without it in a temporary
-# directory removed at the end.
-if [[ -n ${DSTRAIN_BENCH_WORK:-} ]]; then
-  work=$DSTRAIN_BENCH_WORK
-else
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-fi
-export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The work directory (DSTRAIN_BENCH_WORK, or a temporary one) and the environment.
+source "$here/bench_env.sh"
 python3 "$src/tests/e2e/training/synthetic_language.py" generate "$work/data" --seq-len "$seq" \
   --train-samples 256 --valid-samples 2 >/dev/null
 # Logged every STEPS/2 steps: the last phases record averages the second half (warm).

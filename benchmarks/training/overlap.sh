@@ -12,16 +12,8 @@ src=$(cd "$here/../.." && pwd)
 build=${1:-build/cpu-release}
 reps=${2:-5}
 bucket=${3:-1}
-# The runs' directories go in DSTRAIN_BENCH_WORK, kept; without it in a temporary
-# directory removed at the end.
-if [[ -n ${DSTRAIN_BENCH_WORK:-} ]]; then
-  work=$DSTRAIN_BENCH_WORK
-else
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-fi
-export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The work directory (DSTRAIN_BENCH_WORK, or a temporary one) and the environment.
+source "$here/bench_env.sh"
 python3 "$src/tests/e2e/training/synthetic_language.py" generate "$work/data" --seq-len 256 \
   --train-samples 256 --valid-samples 2 >/dev/null
 # 20 steps logged every 2: the phases record at step 20 averages steps 11-20 (warm).

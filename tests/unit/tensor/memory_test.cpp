@@ -92,7 +92,8 @@ TEST(Memory, ArenaTensorsCarryTheArenasDevice) {
   EXPECT_EQ(a.base(), nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state
 }
 
-TEST(Memory, ParamStoreTensorsAndFlatViewsShareTheBuffers) {
+// A one-layer model small enough for a few kilobytes of parameters.
+config::ModelSection small_model() {
   config::ModelSection m;
   m.vocab_size = 32;
   m.d_model = 16;
@@ -101,6 +102,11 @@ TEST(Memory, ParamStoreTensorsAndFlatViewsShareTheBuffers) {
   m.n_kv_heads = 2;
   m.ffn_dim = 32;
   m.max_seq_len = 8;
+  return m;
+}
+
+TEST(Memory, ParamStoreTensorsAndFlatViewsShareTheBuffers) {
+  const config::ModelSection m = small_model();
   model::ParamStore ps(model::dense_parameter_layout(m), Arena::Mode::allocate);
   EXPECT_EQ(device_of(ps.context()), Device::host);
   ps.initialize(7);
@@ -119,15 +125,7 @@ TEST(Memory, ParamStoreTensorsAndFlatViewsShareTheBuffers) {
 // arena carves it without freeing it, refuses misaligned memory, and the store's gradient
 // views point into it while its parameters keep their own allocation.
 TEST(Memory, ParamStoreGradientsInMemoryGivenFromOutside) {
-  config::ModelSection m;
-  m.vocab_size = 32;
-  m.d_model = 16;
-  m.n_layers = 1;
-  m.n_heads = 2;
-  m.n_kv_heads = 2;
-  m.ffn_dim = 32;
-  m.max_seq_len = 8;
-  const auto specs = model::dense_parameter_layout(m);
+  const auto specs = model::dense_parameter_layout(small_model());
   const std::size_t n = model::flat_buffer_elements(specs);
   alignas(64) static float outside[4096];
   ASSERT_LE(n, 4096u);
