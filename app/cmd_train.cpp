@@ -249,12 +249,14 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                                          cfg.parallel.init_timeout_s, ctx.stream);
     }
   }
-  // parallel.backend shm: the gradients live in the data group's shared memory.
+  // parallel.backend shm: the gradients and parameters live in the data group's shared
+  // memory, and its ranks share the optimizer's update.
   std::unique_ptr<comm::SharedSum> shared_grads;
   if (session.backends.comm == "shm") {
-    runtime::StartupStep step(rt.watchdog(), "shared-memory gradient buffers of the data group",
+    runtime::StartupStep step(rt.watchdog(),
+                              "shared-memory gradient and parameter buffers of the data group",
                               rt.init_timeout_s());
-    shared_grads = train::Trainer::make_shared_gradients(cfg, *session.groups.data);
+    shared_grads = train::Trainer::make_shared_buffers(cfg, *session.groups.data);
   }
   train::Trainer trainer(cfg, layout, session.groups, train_store, ctx, grad_comm.get(),
                          shared_grads.get());

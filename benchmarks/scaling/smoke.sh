@@ -30,17 +30,23 @@ fi
 csv=$work/campaign/scaling.csv png=$work/campaign/scaling.png
 cat "$csv"
 # One row per (mode, ranks), 2 measured steps each, positive throughput, efficiency 1 at
-# the base count and within (0, 2] elsewhere (2 ranks sharing 2 busy cores may be slow,
-# never twice as fast as ideal).
+# the base count and, elsewhere, the row's own figures' ratio: tokens/s over the base
+# count's, divided by the rank ratio. A 3-step run on 2 shared cores may be slow or fast
+# by any factor (CTest runs other tests beside it), so the figures themselves are not
+# judged here; benchmarks/scaling measures them.
 awk -F, -v want="${modes[*]}" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-  { rows++; key[$col["mode"] "-" $col["ranks"]] = 1
-    if ($col["steps_measured"] != 2) bad = bad " " $1 "-" $2 ": steps_measured " $col["steps_measured"]
-    if ($col["tokens_per_s_median"] <= 0) bad = bad " " $1 "-" $2 ": tokens/s " $col["tokens_per_s_median"]
-    e = $col["efficiency"]
-    if ($col["ranks"] == 1 && e != 1) bad = bad " " $1 "-1: efficiency " e " at the base count"
-    if (e <= 0 || e > 2) bad = bad " " $1 "-" $2 ": efficiency " e }
+  { rows++; k = $col["mode"] "-" $col["ranks"]; key[k] = 1
+    tps[k] = $col["tokens_per_s_median"]; eff[k] = $col["efficiency"]
+    if ($col["steps_measured"] != 2) bad = bad " " k ": steps_measured " $col["steps_measured"]
+    if ($col["tokens_per_s_median"] <= 0) bad = bad " " k ": tokens/s " $col["tokens_per_s_median"]
+    if ($col["ranks"] == 1 && eff[k] != 1) bad = bad " " $1 "-1: efficiency " eff[k] " at the base count" }
   END { n = split(want, m, " ")
-        for (i = 1; i <= n; i++) if (!((m[i] "-1") in key) || !((m[i] "-2") in key)) bad = bad " no " m[i] " rows"
+        for (i = 1; i <= n; i++) {
+          if (!((m[i] "-1") in key) || !((m[i] "-2") in key)) { bad = bad " no " m[i] " rows"; continue }
+          b = m[i] "-1"; t = m[i] "-2"
+          expect = tps[t] / tps[b] / 2
+          if (eff[t] <= 0 || (eff[t] - expect) > 0.01 * expect || (expect - eff[t]) > 0.01 * expect)
+            bad = bad " " t ": efficiency " eff[t] ", its tokens/s give " expect }
         if (rows != 2 * n) bad = bad " expected " 2 * n " rows (" want " x 1, 2 ranks), got " rows
         if (bad != "") { print "scaling smoke: bad CSV:" bad > "/dev/stderr"; exit 1 } }' "$csv"
 [[ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" == 89504e470d0a1a0a ]] || { echo "scaling smoke: $png is not a PNG" >&2; exit 1; }

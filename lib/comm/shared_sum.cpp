@@ -36,16 +36,18 @@ std::size_t round_up(std::size_t n, std::size_t to) {
 
 }  // namespace
 
-/// One started sum. Does this rank's part once every rank has marked the range ready,
-/// and completes once every rank has done its part.
+/// One started sum or gather. Does this rank's part once every rank has marked the range
+/// ready, and completes once every rank has done its part.
 class SharedSum::Op final : public Request::Impl {
  public:
-  Op(SharedSum& sum, std::size_t slot, std::size_t begin, std::size_t count, std::uint64_t use,
-     double timeout_s)
+  Op(SharedSum& sum, Kind kind, std::size_t slot, std::size_t begin, std::size_t count,
+     std::size_t buffer, std::uint64_t use, double timeout_s)
       : sum_(sum),
+        kind_(kind),
         slot_(slot),
         begin_(begin),
         count_(count),
+        buffer_(buffer),
         use_(use),
         timeout_s_(timeout_s),
         seq_(core::FlightRecorder::instance().begin(describe())) {}
@@ -54,7 +56,10 @@ class SharedSum::Op final : public Request::Impl {
     if (!added_) {
       for (int q = 0; q < sum_.size_; ++q)
         if (sum_.ready(q, slot_).load(std::memory_order_acquire) < use_) return false;
-      sum_.add_my_part(begin_, count_);
+      if (kind_ == Kind::sum)
+        sum_.add_my_part(begin_, count_, buffer_);
+      else
+        sum_.copy_my_part(begin_, count_, buffer_);
       sum_.done(sum_.rank_, slot_).store(use_, std::memory_order_release);
       added_ = true;
     }
@@ -89,10 +94,17 @@ class SharedSum::Op final : public Request::Impl {
   }
 
   std::string describe() const override {
-    OpInfo info{OpKind::allreduce, ReduceOp::sum, count_, DType::f32, 0};
-    return describe_op("shm", info, sum_.group_.name(), sum_.size_) + ", elements [" +
-           std::to_string(begin_) + ", " + std::to_string(begin_ + count_) + ") of slot " +
-           std::to_string(slot_);
+    std::string what;
+    if (kind_ == Kind::sum) {
+      OpInfo info{OpKind::allreduce, ReduceOp::sum, count_, DType::f32, 0};
+      what = describe_op("shm", info, sum_.group_.name(), sum_.size_);
+    } else {
+      what = "shm: allgather in place of " + std::to_string(count_) + " x f32 (" +
+             std::to_string(count_ * sizeof(float)) + " B, one part per rank) on group '" +
+             sum_.group_.name() + "' (" + std::to_string(sum_.size_) + " ranks)";
+    }
+    return what + ", elements [" + std::to_string(begin_) + ", " + std::to_string(begin_ + count_) +
+           ") of buffer " + std::to_string(buffer_) + ", slot " + std::to_string(slot_);
   }
 
  private:
@@ -108,10 +120,12 @@ class SharedSum::Op final : public Request::Impl {
     };
     list("not started by rank(s)",
          [&](int q) { return sum_.ready(q, slot_).load(std::memory_order_acquire) < use_; });
-    list("started, part not yet added by rank(s)", [&](int q) {
-      return sum_.ready(q, slot_).load(std::memory_order_acquire) >= use_ &&
-             sum_.done(q, slot_).load(std::memory_order_acquire) < use_;
-    });
+    list(kind_ == Kind::sum ? "started, part not yet added by rank(s)"
+                            : "started, part not yet copied by rank(s)",
+         [&](int q) {
+           return sum_.ready(q, slot_).load(std::memory_order_acquire) >= use_ &&
+                  sum_.done(q, slot_).load(std::memory_order_acquire) < use_;
+         });
     os << " a peer is missing, hung or slower than the deadline)\n"
        << "recent operations on rank " << sum_.rank_ << " (flight recorder, oldest first):\n"
        << core::FlightRecorder::instance().report();
@@ -119,7 +133,8 @@ class SharedSum::Op final : public Request::Impl {
   }
 
   SharedSum& sum_;
-  std::size_t slot_, begin_, count_;
+  Kind kind_;
+  std::size_t slot_, begin_, count_, buffer_;
   std::uint64_t use_;
   double timeout_s_;
   std::uint64_t seq_;  ///< in the flight recorder
@@ -127,16 +142,19 @@ class SharedSum::Op final : public Request::Impl {
   bool recorded_done_ = false;
 };
 
-SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slots)
+SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slots,
+                     std::size_t buffers)
     : group_(group),
       elements_(elements),
       slots_(slots),
+      buffers_(buffers),
       rank_(group.rank()),
       size_(group.size()),
       uses_(slots, 0),
       completed_(slots, 0),
       uncaught_at_start_(std::uncaught_exceptions()) {
   const std::string what = "comm: shared-memory buffers of group '" + group.name() + "'";
+  if (buffers_ == 0) throw Error(what + ": at least one buffer per rank is needed");
   // Every rank is here (or the deadline names the one that is not) before the blocking
   // MPI calls below, which have no deadline of their own.
   group_.barrier();
@@ -151,11 +169,12 @@ SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slot
                 " ranks are not all on one node (this rank shares a node with " +
                 std::to_string(node_size) + " of them); use parallel.backend mpi");
   }
-  // Per rank: the counters (two cache lines per slot), then the buffer, whole pages.
+  // Per rank: the counters (two cache lines per slot), then the buffers, whole pages each.
   const std::size_t flag_bytes = round_up(slots_ * 2 * kLine, kPage);
+  const std::size_t buffer_bytes = round_up(elements_ * sizeof(float), kPage);
   // One line more: Open MPI does not promise aligned segments. Every mapping of a
   // segment starts on a page, so its offset within a line is the same in every process.
-  const std::size_t bytes = kLine + flag_bytes + round_up(elements_ * sizeof(float), kPage);
+  const std::size_t bytes = kLine + flag_bytes + buffers_ * buffer_bytes;
   MPI_Info info = MPI_INFO_NULL;
   DST_MPI_CHECK(MPI_Info_create(&info));
   // Each rank's segment on its own pages (first touched by its owner, so on its NUMA node).
@@ -169,7 +188,7 @@ SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slot
     throw Error(what + ": MPI_Win_allocate_shared of " + std::to_string(bytes) +
                 " B per rank failed (is /dev/shm large enough?)");
   }
-  segments_.resize(static_cast<std::size_t>(size_));
+  segments_.resize(static_cast<std::size_t>(size_) * buffers_);
   flags_.resize(static_cast<std::size_t>(size_));
   for (int q = 0; q < size_; ++q) {
     MPI_Aint size = 0;
@@ -179,13 +198,16 @@ SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slot
     auto* aligned =
         reinterpret_cast<unsigned char*>(round_up(reinterpret_cast<std::uintptr_t>(base), kLine));
     flags_[static_cast<std::size_t>(q)] = aligned;
-    segments_[static_cast<std::size_t>(q)] = reinterpret_cast<float*>(aligned + flag_bytes);
+    for (std::size_t b = 0; b < buffers_; ++b)
+      segments_[static_cast<std::size_t>(q) * buffers_ + b] =
+          reinterpret_cast<float*>(aligned + flag_bytes + b * buffer_bytes);
   }
   for (std::size_t s = 0; s < slots_; ++s) {
     new (&ready(rank_, s)) std::atomic<std::uint64_t>(0);
     new (&done(rank_, s)) std::atomic<std::uint64_t>(0);
   }
-  std::memset(local(), 0, elements_ * sizeof(float));
+  for (std::size_t b = 0; b < buffers_; ++b)
+    std::memset(local(b), 0, elements_ * sizeof(float));
   // The peers read these counters from now on: they must see them initialised.
   group_.barrier();
 }
@@ -226,21 +248,46 @@ void SharedSum::part_of(std::size_t count, int ranks, int r, std::size_t& first,
   last = std::min(count, first + per);
 }
 
-Request SharedSum::isum(std::size_t slot, std::size_t begin, std::size_t count) {
-  if (slot >= slots_ || begin > elements_ || count > elements_ - begin)
-    throw Error("comm: shared-memory sum of elements [" + std::to_string(begin) + ", " +
-                std::to_string(begin + count) + ") on slot " + std::to_string(slot) +
-                ": outside the " + std::to_string(elements_) + " elements and " +
-                std::to_string(slots_) + " slots of group '" + group_.name() + "'");
-  if (completed_[slot] != uses_[slot])
-    throw Error("comm: shared-memory sum on slot " + std::to_string(slot) + " of group '" +
-                group_.name() + "' started while the slot's previous sum is still pending");
-  const std::uint64_t use = ++uses_[slot];
-  ready(rank_, slot).store(use, std::memory_order_release);
-  return Request(std::make_unique<Op>(*this, slot, begin, count, use, group_.timeout_s()));
+Request SharedSum::isum(std::size_t slot, std::size_t begin, std::size_t count,
+                        std::size_t buffer) {
+  return start(Kind::sum, slot, begin, count, buffer);
 }
 
-void SharedSum::add_my_part(std::size_t begin, std::size_t count) const {
+Request SharedSum::igather(std::size_t slot, std::size_t begin, std::size_t count,
+                           std::size_t buffer) {
+  return start(Kind::gather, slot, begin, count, buffer);
+}
+
+Request SharedSum::start(Kind kind, std::size_t slot, std::size_t begin, std::size_t count,
+                         std::size_t buffer) {
+  const char* op = kind == Kind::sum ? "sum" : "gather";
+  if (slot >= slots_ || buffer >= buffers_ || begin > elements_ || count > elements_ - begin)
+    throw Error(std::string("comm: shared-memory ") + op + " of elements [" +
+                std::to_string(begin) + ", " + std::to_string(begin + count) + ") of buffer " +
+                std::to_string(buffer) + " on slot " + std::to_string(slot) + ": outside the " +
+                std::to_string(elements_) + " elements, " + std::to_string(buffers_) +
+                " buffers and " + std::to_string(slots_) + " slots of group '" + group_.name() +
+                "'");
+  if (completed_[slot] != uses_[slot])
+    throw Error(std::string("comm: shared-memory ") + op + " on slot " + std::to_string(slot) +
+                " of group '" + group_.name() +
+                "' started while the slot's previous operation is still pending");
+  const std::uint64_t use = ++uses_[slot];
+  ready(rank_, slot).store(use, std::memory_order_release);
+  return Request(
+      std::make_unique<Op>(*this, kind, slot, begin, count, buffer, use, group_.timeout_s()));
+}
+
+void SharedSum::copy_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const {
+  std::size_t first = 0, last = 0;
+  part_of(count, size_, rank_, first, last);
+  const float* mine = segment(rank_, buffer) + begin + first;
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_)
+      std::memcpy(segment(q, buffer) + begin + first, mine, (last - first) * sizeof(float));
+}
+
+void SharedSum::add_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const {
   if (size_ == 1) return;  // the sum over one rank is its own buffer
   std::size_t first = 0, last = 0;
   part_of(count, size_, rank_, first, last);
@@ -250,16 +297,16 @@ void SharedSum::add_my_part(std::size_t begin, std::size_t count) const {
   float acc[kChunk];
   for (std::size_t i = begin + first; i < begin + last; i += kChunk) {
     const std::size_t n = std::min(kChunk, begin + last - i);
-    const float* s0 = segments_[0] + i;
+    const float* s0 = segment(0, buffer) + i;
     for (std::size_t j = 0; j < n; ++j)
       acc[j] = s0[j];
     for (int q = 1; q < size_; ++q) {  // rank order: the same bits on every rank
-      const float* s = segments_[static_cast<std::size_t>(q)] + i;
+      const float* s = segment(q, buffer) + i;
       for (std::size_t j = 0; j < n; ++j)
         acc[j] += s[j];
     }
     for (int q = 0; q < size_; ++q)
-      std::memcpy(segments_[static_cast<std::size_t>(q)] + i, acc, n * sizeof(float));
+      std::memcpy(segment(q, buffer) + i, acc, n * sizeof(float));
   }
 }
 

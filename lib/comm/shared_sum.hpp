@@ -1,7 +1,9 @@
 #pragma once
 /// \file shared_sum.hpp
-/// An in-place sum all-reduce over f32 buffers that live in one node's shared memory:
-/// the data-parallel gradients of ranks that share a node (parallel.backend shm).
+/// An in-place sum all-reduce, and an in-place all-gather, over f32 buffers that live in
+/// one node's shared memory: the data-parallel gradients (summed) and parameters
+/// (gathered after each rank updated its part) of ranks that share a node
+/// (parallel.backend shm).
 ///
 /// Every rank's buffer is a segment of one MPI shared-memory window
 /// (MPI_Win_allocate_shared), so each rank reads and writes its peers' buffers directly.
@@ -24,6 +26,11 @@
 /// Every element is added by one rank in a fixed order (rank 0 + rank 1 + ...), so every
 /// rank ends with the same bits, run after run. For two ranks these are MPI's bits too
 /// (a + b == b + a in IEEE arithmetic).
+///
+/// A gather uses the same parts and counters: once every rank has marked the range ready
+/// (its own part final, the rest free to be written), rank r copies its part into every
+/// other buffer. A rank may hold several buffers of the same size (`buffers`); each
+/// operation names the one it works on, and the slots are shared by all of them.
 
 #include <atomic>
 #include <cstddef>
@@ -42,7 +49,8 @@ class SharedSum {
   /// dst::Error naming the group otherwise). Every rank gets a buffer of `elements` f32
   /// (zero-filled, 64-byte aligned) and `slots` independent slots. The first step is a
   /// barrier with the group's deadline, so a missing rank is a TimeoutError, not a hang.
-  SharedSum(Communicator& group, std::size_t elements, std::size_t slots);
+  /// `buffers`: buffers of `elements` f32 per rank (buffer 0, 1, ...).
+  SharedSum(Communicator& group, std::size_t elements, std::size_t slots, std::size_t buffers = 1);
   /// Frees the window after a barrier with the group's deadline. While an exception
   /// propagates (the job is ending) it frees nothing: MPI_Win_free is collective and the
   /// peers may never reach it.
@@ -50,10 +58,11 @@ class SharedSum {
   SharedSum(const SharedSum&) = delete;
   SharedSum& operator=(const SharedSum&) = delete;
 
-  /// This rank's buffer (host memory, elements() f32).
-  float* local() const { return segments_[static_cast<std::size_t>(rank_)]; }
+  /// This rank's buffer `buffer` (host memory, elements() f32).
+  float* local(std::size_t buffer = 0) const { return segment(rank_, buffer); }
   std::size_t elements() const { return elements_; }
   std::size_t slots() const { return slots_; }
+  std::size_t buffers() const { return buffers_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   Communicator& group() const { return group_; }
@@ -63,7 +72,14 @@ class SharedSum {
   /// must not be written until the request completes. Every rank starts the same ranges
   /// on the same slots in the same order; a slot takes its next sum only once its last
   /// one has completed on this rank (else dst::Error).
-  Request isum(std::size_t slot, std::size_t begin, std::size_t count);
+  Request isum(std::size_t slot, std::size_t begin, std::size_t count, std::size_t buffer = 0);
+
+  /// Starts the all-gather of [begin, begin + count) of buffer `buffer`, in place, on slot
+  /// `slot`: this rank's part of the range (part_of) is final in its own buffer; when the
+  /// request completes, every rank's buffer holds every rank's part. Until then this rank
+  /// must neither write its part nor read or write the rest of the range (the peers write
+  /// it). Slots and ordering as isum.
+  Request igather(std::size_t slot, std::size_t begin, std::size_t count, std::size_t buffer);
 
   /// The contiguous part of a range of `count` elements that rank `r` adds: [first,
   /// last) relative to the range's start. Parts are whole 64-byte lines (16 f32, except
@@ -77,17 +93,29 @@ class SharedSum {
   /// The two counters of (rank, slot).
   std::atomic<std::uint64_t>& ready(int rank, std::size_t slot) const;
   std::atomic<std::uint64_t>& done(int rank, std::size_t slot) const;
-  /// Adds part `rank_` of [begin, begin + count) over every buffer and stores it in each.
-  void add_my_part(std::size_t begin, std::size_t count) const;
+  enum class Kind { sum, gather };
+  /// Rank `rank`'s buffer `buffer`.
+  float* segment(int rank, std::size_t buffer) const {
+    return segments_[static_cast<std::size_t>(rank) * buffers_ + buffer];
+  }
+  Request start(Kind kind, std::size_t slot, std::size_t begin, std::size_t count,
+                std::size_t buffer);
+  /// Adds part `rank_` of [begin, begin + count) over every rank's buffer `buffer` and
+  /// stores it in each.
+  void add_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const;
+  /// Copies part `rank_` of [begin, begin + count) of this rank's buffer `buffer` into
+  /// every peer's.
+  void copy_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const;
 
   Communicator& group_;
   std::size_t elements_;
   std::size_t slots_;
+  std::size_t buffers_;
   int rank_ = 0;
   int size_ = 1;
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win window_ = MPI_WIN_NULL;
-  std::vector<float*> segments_;          ///< every rank's buffer
+  std::vector<float*> segments_;          ///< every rank's buffers, rank-major
   std::vector<unsigned char*> flags_;     ///< every rank's counters
   std::vector<std::uint64_t> uses_;       ///< sums started per slot by this rank
   std::vector<std::uint64_t> completed_;  ///< the last of them seen complete

@@ -260,14 +260,16 @@ void visit_parallel(V& v, S&... s) {
           s.tensor...);
   v.field("parallel.pipeline", Spec("Pipeline-parallel stages.").at_least(1).at_most(kIntMax),
           s.pipeline...);
-  v.field("parallel.backend",
-          Spec("Communication back end of the gradients: auto = nccl when the model runs on "
-               "a GPU in an NCCL build and the data group has more than one rank (docs/nccl.md); "
-               "shm (sums in one node's shared memory) when the model runs on the host, the data "
-               "group has more than one rank and the job is on one node "
-               "(docs/performance.md); else mpi.")
-              .one_of({"auto", "mpi", "shm", "nccl"}),
-          s.backend...);
+  v.field(
+      "parallel.backend",
+      Spec("Communication back end of the gradients: auto = nccl when the model runs on "
+           "a GPU in an NCCL build and the data group has more than one rank (docs/nccl.md); "
+           "shm (gradients summed in one node's shared memory, the optimizer's update shared by "
+           "its ranks) when the model runs on the host, the data "
+           "group has more than one rank and the job is on one node "
+           "(docs/performance.md); else mpi.")
+          .one_of({"auto", "mpi", "shm", "nccl"}),
+      s.backend...);
   v.field("parallel.bucket_mb", Spec("Gradient all-reduce bucket size in MiB.").above(0),
           s.bucket_mb...);
   v.field("parallel.overlap",

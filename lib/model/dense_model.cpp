@@ -406,9 +406,10 @@ struct DenseModel::Impl {
 
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
-                       bool deterministic, float* gradient_memory)
+                       bool deterministic, float* gradient_memory, float* param_memory)
     : impl_(std::make_unique<Impl>()),
-      params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode, ctx, gradient_memory)),
+      params_(std::make_unique<ParamStore>(dense_parameter_layout(m), mode, ctx, gradient_memory,
+                                           param_memory)),
       B_(batch),
       T_(seq_len) {
   if (batch < 1 || seq_len < 1 || seq_len > m.max_seq_len)

@@ -46,10 +46,12 @@ class DenseModel {
   /// (debug.deterministic) allows kernels whose results may differ in the last bits from
   /// run to run: the fused attention of the CUDA back end (cuDNN SDPA, whose backward
   /// accumulates with atomics), used where it supports the shape and the storage type.
-  /// `gradient_memory`: see ParamStore (the data group's shared-memory buffer).
+  /// `gradient_memory`, `param_memory`: see ParamStore (the data group's shared-memory
+  /// buffers).
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
              tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
-             bool deterministic = true, float* gradient_memory = nullptr);
+             bool deterministic = true, float* gradient_memory = nullptr,
+             float* param_memory = nullptr);
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;

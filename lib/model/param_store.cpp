@@ -1,6 +1,7 @@
 #include "model/param_store.hpp"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
@@ -68,24 +69,28 @@ std::size_t flat_buffer_elements(const std::vector<ParamSpec>& specs) {
 }
 
 namespace {
-tensor::Arena gradient_arena(tensor::Arena::Mode mode, std::size_t bytes,
-                             const tensor::ExecContext& ctx, float* memory) {
+/// The arena `name` ("gradients", "parameters"): its own allocation, or `memory` given
+/// from outside.
+tensor::Arena buffer_arena(const char* name, tensor::Arena::Mode mode, std::size_t bytes,
+                           const tensor::ExecContext& ctx, float* memory) {
   if (memory == nullptr)
-    return tensor::Arena("gradients", mode, bytes, tensor::device_of(ctx), ctx.stream);
+    return tensor::Arena(name, mode, bytes, tensor::device_of(ctx), ctx.stream);
   if (mode != tensor::Arena::Mode::allocate || tensor::device_of(ctx) != tensor::Device::host)
-    throw Error("model: gradient memory given from outside must be host memory of a real run");
-  return tensor::Arena("gradients", memory, bytes, tensor::Device::host);
+    throw Error(std::string("model: ") + name +
+                " memory given from outside must be host memory of a real run");
+  return tensor::Arena(name, memory, bytes, tensor::Device::host);
 }
 }  // namespace
 
 ParamStore::ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode,
-                       tensor::ExecContext ctx, float* gradient_memory)
+                       tensor::ExecContext ctx, float* gradient_memory, float* param_memory)
     : specs_(std::move(specs)),
       buffer_elements_(layout_offsets(specs_, parameter_count_)),
       ctx_(ctx),
-      params_("parameters", mode, buffer_elements_ * sizeof(float), tensor::device_of(ctx),
-              ctx.stream),
-      grads_(gradient_arena(mode, buffer_elements_ * sizeof(float), ctx, gradient_memory)) {
+      params_(
+          buffer_arena("parameters", mode, buffer_elements_ * sizeof(float), ctx, param_memory)),
+      grads_(
+          buffer_arena("gradients", mode, buffer_elements_ * sizeof(float), ctx, gradient_memory)) {
   // Reserve the whole block in each arena so used_bytes reports it.
   params_.take("flat parameters", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);
   grads_.take("flat gradients", {static_cast<std::int64_t>(buffer_elements_)}, DType::f32);

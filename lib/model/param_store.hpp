@@ -54,9 +54,11 @@ class ParamStore {
   /// The buffers live in the memory of `ctx`'s back end (host, or the CUDA device).
   /// `gradient_memory` (allocate mode, host only): the gradient buffer is this memory of
   /// flat_buffer_elements() f32, zero-filled, owned by the caller (comm::SharedSum's
-  /// shared memory), instead of an allocation of the store's own.
+  /// shared memory), instead of an allocation of the store's own. `param_memory`, the
+  /// same for the parameter buffer (where the data group gathers the parameters each rank
+  /// updated, comm::SharedSum::igather).
   ParamStore(std::vector<ParamSpec> specs, tensor::Arena::Mode mode, tensor::ExecContext ctx = {},
-             float* gradient_memory = nullptr);
+             float* gradient_memory = nullptr, float* param_memory = nullptr);
 
   std::size_t size() const { return specs_.size(); }
   const ParamSpec& spec(std::size_t i) const { return specs_[i]; }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "comm/shared_sum.hpp"
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 #include "tensor/memory.hpp"
@@ -44,6 +45,29 @@ double GradNorm::compute(const tensor::ExecContext& ctx, const model::ParamStore
     kernels::sum_of_squares_into(ctx, store.grad(i), out, static_cast<std::int64_t>(i));
   if (device != tensor::Device::host)
     tensor::copy(ctx, per_tensor_.data(), device_sums_, n * sizeof(double));  // waits
+  for (std::size_t i = 0; i < n; ++i)
+    total_ += per_tensor_[i];
+  return total_;
+}
+
+double GradNorm::compute_shared(const tensor::ExecContext& ctx, const model::ParamStore& store,
+                                comm::Communicator& group) {
+  if (tensor::device_of(ctx) != tensor::Device::host)
+    throw Error("train::GradNorm::compute_shared: the gradients must be in host memory");
+  const std::size_t n = store.size();
+  per_tensor_.assign(n, 0.0);
+  total_ = 0.0;
+  if (n == 0) return total_;
+  std::size_t first = 0, last = 0;
+  comm::SharedSum::part_of(store.buffer_elements(), group.size(), group.rank(), first, last);
+  tensor::Tensor out{per_tensor_.data(), {static_cast<std::int64_t>(n)}, DType::f64};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t middle =
+        store.spec(i).offset + static_cast<std::size_t>(store.spec(i).shape.numel()) / 2;
+    if (first <= middle && middle < last)
+      kernels::sum_of_squares_into(ctx, store.grad(i), out, static_cast<std::int64_t>(i));
+  }
+  group.allreduce(per_tensor_.data(), n, DType::f64, comm::ReduceOp::sum);
   for (std::size_t i = 0; i < n; ++i)
     total_ += per_tensor_[i];
   return total_;

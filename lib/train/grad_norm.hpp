@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "model/param_store.hpp"
 #include "tensor/context.hpp"
 
@@ -28,6 +29,15 @@ class GradNorm {
   /// one per tensor. Storage is reused: no allocation after the first call (or after a
   /// change of back end or store size).
   double compute(const tensor::ExecContext& ctx, const model::ParamStore& store);
+
+  /// The same total where every rank of `group` holds the same gradients (summed in
+  /// shared memory), with the work shared: each rank sums the tensors whose middle
+  /// element lies in its part of the flat buffer (comm::SharedSum::part_of), and one
+  /// all-reduce of the per-tensor sums (every entry one rank's value, the others +0, so
+  /// exact) gives every rank all of them, added in store order: compute()'s bits.
+  /// Collective over `group`; host memory only.
+  double compute_shared(const tensor::ExecContext& ctx, const model::ParamStore& store,
+                        comm::Communicator& group);
 
   /// Per tensor, in store order (metrics: the norm of each tensor's gradient).
   const std::vector<double>& per_tensor() const { return per_tensor_; }

@@ -1,5 +1,6 @@
 #include "train/optimizer.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
@@ -57,6 +58,15 @@ void AdamW::set_step_count(std::int64_t steps) {
 
 void AdamW::step(const tensor::ExecContext& ctx, model::ParamStore& store, double lr,
                  double grad_scale) {
+  step(ctx, store, lr, grad_scale, 0, elements_);
+}
+
+void AdamW::step(const tensor::ExecContext& ctx, model::ParamStore& store, double lr,
+                 double grad_scale, std::size_t first, std::size_t last) {
+  if (first > last || last > elements_)
+    throw Error("train::AdamW::step: elements [" + std::to_string(first) + ", " +
+                std::to_string(last) + ") are not within the " + std::to_string(elements_) +
+                " of the flat buffers");
   if (planning() || store.planning())
     throw Error("train::AdamW::step: a planning optimizer or parameter store has no memory");
   if (store.buffer_elements() != elements_ || store.size() != ranges_.size())
@@ -74,7 +84,23 @@ void AdamW::step(const tensor::ExecContext& ctx, model::ParamStore& store, doubl
   h.grad_scale = grad_scale;
   for (std::size_t i = 0; i < ranges_.size(); ++i) {
     h.weight_decay = ranges_[i].decay ? opt_.weight_decay : 0.0;
-    kernels::adamw_step(ctx, store.param(i), store.grad(i), m(i), v(i), h);
+    const std::size_t begin = ranges_[i].offset;
+    const auto numel = static_cast<std::size_t>(ranges_[i].shape.numel());
+    if (first <= begin && begin + numel <= last) {  // the whole tensor
+      kernels::adamw_step(ctx, store.param(i), store.grad(i), m(i), v(i), h);
+      continue;
+    }
+    const std::size_t a = std::max(begin, first), b = std::min(begin + numel, last);
+    if (a >= b) continue;
+    // The elements [a, b) of the tensor, as 1-d views of the four buffers.
+    const auto piece = [&](const tensor::Tensor& t) {
+      tensor::Tensor p = t;
+      p.shape = tensor::Shape{static_cast<std::int64_t>(b - a)};
+      p.data = t.ptr<float>() + (a - begin);
+      return p;
+    };
+    kernels::adamw_step(ctx, piece(store.param(i)), piece(store.grad(i)), piece(m(i)), piece(v(i)),
+                        h);
   }
   // Counted only once every tensor has stepped: a throw above leaves t unchanged (the
   // first kernel call validates the hyper-parameters, before any tensor changes).

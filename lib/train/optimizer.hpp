@@ -44,6 +44,13 @@ class AdamW {
   /// Throws dst::Error if `store` does not have the layout the moments were made for.
   void step(const tensor::ExecContext& ctx, model::ParamStore& store, double lr,
             double grad_scale = 1.0);
+  /// The same step over the flat-buffer elements [first, last) only: one data-parallel
+  /// rank's part when the ranks of a node share the update (the trainer gathers the
+  /// parameters afterwards); the other elements of the parameters and moments are left
+  /// as they are. Element by element the arithmetic of step(), so the same bits. Throws
+  /// dst::Error for a range outside the buffer.
+  void step(const tensor::ExecContext& ctx, model::ParamStore& store, double lr, double grad_scale,
+            std::size_t first, std::size_t last);
 
   std::int64_t step_count() const { return step_; }
   /// For a restore: the steps the checkpointed optimizer had taken (>= 0).

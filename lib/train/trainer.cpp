@@ -19,6 +19,10 @@
 namespace dst::train {
 
 namespace {
+
+// The buffers of a shared-memory data group (make_shared_buffers).
+constexpr std::size_t kGradBuffer = 0;
+constexpr std::size_t kParamBuffer = 1;
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -77,11 +81,26 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                           model::flat_buffer_elements(model::dense_parameter_layout(config.model)))
     throw Error("train: the shared-memory gradient buffers hold " +
                 std::to_string(shared_grads->elements()) +
-                " elements, not this model's gradient buffer (make_shared_gradients sizes them)");
+                " elements, not this model's gradient buffer (make_shared_buffers sizes them)");
+  // A second shared buffer: the parameters, updated in parts and gathered.
+  const bool shared_params = shared_grads && shared_grads->buffers() > kParamBuffer;
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
       storage_type(config.training.precision), config.debug.deterministic,
-      shared_grads ? shared_grads->local() : nullptr);
+      shared_grads ? shared_grads->local(kGradBuffer) : nullptr,
+      shared_params ? shared_grads->local(kParamBuffer) : nullptr);
+  if (shared_params && shared_grads->size() > 1) {
+    const std::size_t need =
+        GradBuckets::bucket_count_for(shared_grads->elements(),
+                                      config.parallel.bucket_mb * 1024.0 * 1024.0) +
+        1;
+    if (shared_grads->slots() < need)
+      throw Error("train: the shared-memory buffers have " + std::to_string(shared_grads->slots()) +
+                  " slots, not one per gradient bucket and one for the parameters (" +
+                  std::to_string(need) + ")");
+    shared_update_ = shared_grads;
+    gather_slot_ = need - 1;
+  }
   loss_scaling_ = config.training.precision == "fp16";
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   data::SamplerConfig sc;
@@ -112,13 +131,28 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
 
 Trainer::~Trainer() = default;
 
-std::unique_ptr<comm::SharedSum> Trainer::make_shared_gradients(const config::RunConfig& config,
-                                                                comm::Communicator& data) {
+std::unique_ptr<comm::SharedSum> Trainer::make_shared_buffers(const config::RunConfig& config,
+                                                              comm::Communicator& data) {
   const std::size_t elements =
       model::flat_buffer_elements(model::dense_parameter_layout(config.model));
   return std::make_unique<comm::SharedSum>(
       data, elements,
-      GradBuckets::bucket_count_for(elements, config.parallel.bucket_mb * 1024.0 * 1024.0));
+      GradBuckets::bucket_count_for(elements, config.parallel.bucket_mb * 1024.0 * 1024.0) + 1, 2);
+}
+
+void Trainer::gather_state(float* data) const {
+  comm::SharedSum& shared = *shared_update_;
+  const std::size_t n = shared.elements();
+  std::size_t first = 0, last = 0;
+  comm::SharedSum::part_of(n, shared.size(), shared.rank(), first, last);
+  float* through = shared.local(kGradBuffer);
+  std::memcpy(through + first, data + first, (last - first) * sizeof(float));
+  shared.igather(gather_slot_, 0, n, kGradBuffer).wait();
+  for (int q = 0; q < shared.size(); ++q) {
+    if (q == shared.rank()) continue;
+    comm::SharedSum::part_of(n, shared.size(), q, first, last);
+    std::memcpy(data + first, through + first, (last - first) * sizeof(float));
+  }
 }
 
 void Trainer::initialize_parameters() {
@@ -208,7 +242,10 @@ StepStats Trainer::step() {
 
   // --- norm, non-finite policy, clipping, optimizer
   t0 = Clock::now();
-  st.grad_norm = std::sqrt(norm_.compute(ctx_, ps)) * scale;  // gradients are replicated
+  // The gradients are replicated: the ranks sharing the update share the norm too.
+  st.grad_norm = std::sqrt(shared_update_ ? norm_.compute_shared(ctx_, ps, *groups_.data)
+                                          : norm_.compute(ctx_, ps)) *
+                 scale;
   st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
   // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (sums[2], the
   // per-rank 0/1 flags summed: > 0 exactly when their MAX is 1), or the sum overflowed
@@ -255,7 +292,17 @@ StepStats Trainer::step() {
     ++skipped_;
   } else {
     const double factor = clip_factor(st.grad_norm, cfg_.training.grad_clip);
-    optimizer_->step(ctx_, ps, st.lr, scale * factor);
+    if (shared_update_) {
+      // This rank's part of the update, then every rank's part into every rank's
+      // parameters (the moments stay in parts: gather_state() for a checkpoint).
+      std::size_t first = 0, last = 0;
+      comm::SharedSum::part_of(ps.buffer_elements(), shared_update_->size(), shared_update_->rank(),
+                               first, last);
+      optimizer_->step(ctx_, ps, st.lr, scale * factor, first, last);
+      shared_update_->igather(gather_slot_, 0, ps.buffer_elements(), kParamBuffer).wait();
+    } else {
+      optimizer_->step(ctx_, ps, st.lr, scale * factor);
+    }
     model_->refresh_compute_params();  // the rounded copy of the new master parameters
     tensor::synchronize(ctx_);         // the optimizer's phase ends when a device has run it
     if (loss_scaling_ && scaler_.update(false) && groups_.world->rank() == 0) {
@@ -305,6 +352,10 @@ std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
 
 std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device) const {
   const auto& ps = model_->params();
+  if (copy_from_device && shared_update_) {
+    gather_state(optimizer_->state().m);
+    gather_state(optimizer_->state().v);
+  }
   std::vector<ckpt::TensorRef> out;
   out.reserve(3 * ps.size());
   // Host memory: views of the buffers themselves. A device: of host copies taken now.

@@ -68,16 +68,21 @@ class Trainer {
   /// is not groups.data (the NCCL communicator of a GPU run); the small host-side
   /// reductions (loss, flags) always use groups.data.
   /// `shared_grads` (parallel.backend shm, host kernels): the gradients live in its
-  /// shared memory and are summed there (make_shared_gradients() sizes it).
+  /// shared memory and are summed there (make_shared_buffers() sizes it). With a second
+  /// buffer the parameters live there too, and the ranks share the update: each runs
+  /// AdamW on its part of the flat buffers (SharedSum::part_of) and the parameters are
+  /// gathered in place; the moments outside a rank's part are gathered only for a
+  /// checkpoint (docs/performance.md, "the optimizer shared by the ranks of a node").
   Trainer(const config::RunConfig& config, const config::Layout& layout,
           comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx = {},
           comm::Communicator* grad_comm = nullptr, comm::SharedSum* shared_grads = nullptr);
   ~Trainer();
 
-  /// The shared-memory gradient buffers of `data` for this deck's model and buckets
-  /// (collective over `data`, whose ranks must share one node).
-  static std::unique_ptr<comm::SharedSum> make_shared_gradients(const config::RunConfig& config,
-                                                                comm::Communicator& data);
+  /// The shared-memory buffers of `data` for this deck's model and buckets: gradients
+  /// (buffer 0) and parameters (buffer 1), with a slot per bucket and one for the
+  /// parameters' gather (collective over `data`, whose ranks must share one node).
+  static std::unique_ptr<comm::SharedSum> make_shared_buffers(const config::RunConfig& config,
+                                                              comm::Communicator& data);
 
   /// Deterministic initial parameters from run.seed (identical on every rank).
   void initialize_parameters();
@@ -103,6 +108,8 @@ class Trainer {
   /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",
   /// "optimizer/exp_avg_sq/<name>"), viewing the flat buffers (valid until the next step).
   /// On a device they view a host copy, taken by this call (restore() copies it back).
+  /// Where the ranks share the update, this first gathers the moments of the other ranks'
+  /// parts (collective over the data group, every rank calls it).
   std::vector<ckpt::TensorRef> checkpoint_tensors() const;
   /// The scalars of the state (step, sampler position, samples seen, optimizer and
   /// skipped steps, seed, layout); the caller adds the deck and version texts.
@@ -144,9 +151,16 @@ class Trainer {
   std::int64_t skipped_ = 0;
   std::uint64_t samples_seen_ = 0;        ///< samples consumed since the start of training
   std::unique_ptr<GradBuckets> buckets_;  ///< ranges of the flat gradient buffer, made once
-  std::size_t inject_nan_offset_ = 0;     ///< where debug.inject_nan_step puts its NaN
-                                          ///< (and debug.inject_overflow_step its inf)
-  bool loss_scaling_ = false;             ///< training.precision fp16
+  /// The ranks of the node share the optimizer's update (see the constructor): the
+  /// buffers, and the slot of the gathers.
+  comm::SharedSum* shared_update_ = nullptr;
+  std::size_t gather_slot_ = 0;
+  /// Gathers the flat buffer `data` (the moments) across the shared ranks, through the
+  /// gradient buffer (free between steps).
+  void gather_state(float* data) const;
+  std::size_t inject_nan_offset_ = 0;  ///< where debug.inject_nan_step puts its NaN
+                                       ///< (and debug.inject_overflow_step its inf)
+  bool loss_scaling_ = false;          ///< training.precision fp16
   LossScaler scaler_;
   /// Device runs: host copies of parameters and moments (flat layout) for checkpoints.
   mutable std::vector<float> host_params_, host_m_, host_v_;

@@ -138,6 +138,90 @@ TEST(SharedSum, RangesOutsideTheBufferOrSlotsAreErrors) {
     ASSERT_EQ(sum.local()[i], static_cast<float>(world_size()));
 }
 
+// The gather: each rank's part of a range (part_of) written only by its owner ends in
+// every rank's buffer; a gather in buffer 1 leaves buffer 0 alone, slots are shared by
+// sums and gathers, and ranges of any length are gathered again and again.
+TEST(SharedSum, GatherPutsEveryRanksPartIntoEveryBuffer) {
+  MpiCommunicator world(MPI_COMM_WORLD, "data", 60.0);
+  constexpr std::size_t kElements = 50021;
+  SharedSum shared(world, kElements, 2, 2);
+  ASSERT_EQ(shared.buffers(), 2u);
+  float* g = shared.local(0);
+  float* p = shared.local(1);
+  EXPECT_NE(g, p);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << "every buffer starts on a line";
+  for (std::size_t i = 0; i < kElements; ++i)
+    ASSERT_EQ(p[i], 0.0f) << "every buffer starts zero-filled";
+  struct Range {
+    std::size_t begin, count;
+  };
+  const std::vector<Range> ranges = {{0, kElements}, {3, 1}, {100, 17}, {5000, 40000}};
+  for (int use = 0; use < 3; ++use)
+    for (const auto& r : ranges) {
+      for (std::size_t i = 0; i < kElements; ++i)
+        g[i] = value(i, world_rank(), 9);
+      // This rank writes its own part only; the rest holds a marker the peers overwrite.
+      std::size_t first = 0, last = 0;
+      SharedSum::part_of(r.count, world_size(), world_rank(), first, last);
+      for (std::size_t i = 0; i < kElements; ++i)
+        p[i] = -1.0f;
+      for (std::size_t i = r.begin + first; i < r.begin + last; ++i)
+        p[i] = value(i, world_rank(), use);
+      MPI_Barrier(MPI_COMM_WORLD);  // every rank's markers are down before any copies
+      shared.igather(1, r.begin, r.count, 1).wait();
+      for (std::size_t i = 0; i < kElements; ++i) {
+        if (i < r.begin || i >= r.begin + r.count) {
+          ASSERT_EQ(p[i], -1.0f) << "element " << i << " outside the range was written";
+          continue;
+        }
+        int owner = 0;
+        for (int q = 0; q < world_size(); ++q) {
+          SharedSum::part_of(r.count, world_size(), q, first, last);
+          if (i - r.begin >= first && i - r.begin < last) owner = q;
+        }
+        ASSERT_EQ(bits(p[i]), bits(value(i, owner, use)))
+            << "element " << i << " of range [" << r.begin << ", " << r.begin + r.count << "), use "
+            << use << ": not rank " << owner << "'s";
+      }
+      for (std::size_t i = 0; i < kElements; ++i)
+        ASSERT_EQ(bits(g[i]), bits(value(i, world_rank(), 9))) << "buffer 0 was written";
+      MPI_Barrier(MPI_COMM_WORLD);  // no rank reuses its buffer while a peer checks its own
+    }
+  // A sum on the same slot after the gathers pairs up as ever.
+  for (std::size_t i = 0; i < kElements; ++i)
+    g[i] = value(i, world_rank(), 4);
+  shared.isum(1, 0, kElements, 0).wait();
+  for (std::size_t i = 0; i < kElements; ++i)
+    ASSERT_EQ(bits(g[i]), bits(rank_order_sum(i, 4))) << "element " << i;
+  EXPECT_THROW(shared.igather(0, 0, 10, 2), Error) << "there is no buffer 2";
+}
+
+TEST(SharedSum, GatherTimeoutNamesTheRankThatHasNotStarted) {
+  if (world_size() < 2) GTEST_SKIP() << "needs a peer";
+  MpiCommunicator world(MPI_COMM_WORLD, "data", 60.0);
+  SharedSum shared(world, 1024, 1, 2);
+  const int late = world_size() - 1;
+  if (world_rank() != late) {
+    Request r = shared.igather(0, 0, 1024, 1);
+    try {
+      r.wait_for(0.3);
+      ADD_FAILURE() << "completed without the last rank";
+    } catch (const TimeoutError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("shm: allgather in place of 1024 x f32"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("of buffer 1, slot 0 did not complete within 0.3 s"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("not started by rank(s): "), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(late) + ";"), std::string::npos) << msg;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    r.wait_for(60.0);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    shared.igather(0, 0, 1024, 1).wait_for(60.0);
+  }
+}
+
 // The last rank starts late: the others' short deadline names it, and the sum completes
 // when it arrives (the request stays pending and valid after a timeout).
 TEST(SharedSum, TimeoutNamesTheRankThatHasNotStarted) {

@@ -189,6 +189,56 @@ TEST(AdamWOptimizer, RestoredStateContinuesBitForBit) {
   EXPECT_THROW(adamw_c.set_step_count(-1), Error);
 }
 
+// The ranks of a node share the update: each steps its part of the flat buffers. Parts
+// that cut through tensors (and padding), stepped one after the other, give the bits of
+// the whole step, and a part leaves everything outside it untouched.
+TEST(AdamWOptimizer, StepsOfPartsOfTheFlatBufferGiveTheWholeStepsBits) {
+  const auto opt = optimizer_section();
+  ParamStore whole(specs(), Arena::Mode::allocate);
+  ParamStore parts(specs(), Arena::Mode::allocate);
+  const std::size_t n = whole.buffer_elements();
+  const std::size_t bytes = n * sizeof(float);
+  fill(whole.params_data(), n, 6);
+  std::memcpy(parts.params_data(), whole.params_data(), bytes);
+  AdamW adamw_whole(opt, whole);
+  AdamW adamw_parts(opt, parts);
+  // Cuts inside "w" (0..15), at its end, inside "b", and an empty part.
+  const std::vector<std::size_t> cuts = {0, 7, 16, 16, 40, n};
+  for (int t = 1; t <= 3; ++t) {
+    fill(whole.grads_data(), n, 200u + static_cast<std::uint32_t>(t));
+    std::memcpy(parts.grads_data(), whole.grads_data(), bytes);
+    adamw_whole.step(ctx(), whole, 1e-2, 0.5);
+    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+      // The parts are those of different ranks: one step each, the count advanced once.
+      AdamW& a = adamw_parts;
+      const std::int64_t before = a.step_count();
+      a.step(ctx(), parts, 1e-2, 0.5, cuts[k], cuts[k + 1]);
+      if (k + 2 < cuts.size()) a.set_step_count(before);
+    }
+    ASSERT_EQ(std::memcmp(whole.params_data(), parts.params_data(), bytes), 0) << "step " << t;
+    ASSERT_EQ(std::memcmp(adamw_whole.state().m, adamw_parts.state().m, bytes), 0);
+    ASSERT_EQ(std::memcmp(adamw_whole.state().v, adamw_parts.state().v, bytes), 0);
+    EXPECT_EQ(adamw_parts.step_count(), t);
+  }
+  // One part only: nothing outside [7, 40) changes.
+  std::vector<float> p0(parts.params_data(), parts.params_data() + n);
+  std::vector<float> m0(adamw_parts.state().m, adamw_parts.state().m + n);
+  fill(parts.grads_data(), n, 300);
+  adamw_parts.step(ctx(), parts, 1e-2, 1.0, 7, 40);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool inside = i >= 7 && i < 40;
+    const bool padding = (i >= 15 && i < 16) || (i >= 21 && i < 32) || i >= 49;
+    if (!inside || padding) {
+      EXPECT_EQ(parts.params_data()[i], p0[i]) << "element " << i << " outside the part";
+      EXPECT_EQ(adamw_parts.state().m[i], m0[i]) << "element " << i << " outside the part";
+    } else {
+      EXPECT_NE(adamw_parts.state().m[i], m0[i]) << "element " << i << " inside the part";
+    }
+  }
+  EXPECT_THROW(adamw_parts.step(ctx(), parts, 1e-2, 1.0, 8, 7), Error);
+  EXPECT_THROW(adamw_parts.step(ctx(), parts, 1e-2, 1.0, 0, n + 1), Error);
+}
+
 TEST(AdamWOptimizer, RejectsMismatchedStoresAndPlansWithoutMemory) {
   ParamStore store(specs(), Arena::Mode::allocate);
   AdamW adamw(optimizer_section(), store);
