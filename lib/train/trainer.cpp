@@ -23,6 +23,10 @@ namespace {
 // The buffers of a shared-memory data group (make_shared_buffers).
 constexpr std::size_t kGradBuffer = 0;
 constexpr std::size_t kParamBuffer = 1;
+/// Their slots: one per gradient bucket, then the one of the gathers (the last).
+std::size_t shared_slots(const config::RunConfig& config, std::size_t elements) {
+  return GradBuckets::bucket_count_for(elements, config.parallel.bucket_mb * 1024.0 * 1024.0) + 1;
+}
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -90,10 +94,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       shared_grads ? shared_grads->local(kGradBuffer) : nullptr,
       shared_params ? shared_grads->local(kParamBuffer) : nullptr);
   if (shared_params && shared_grads->size() > 1) {
-    const std::size_t need =
-        GradBuckets::bucket_count_for(shared_grads->elements(),
-                                      config.parallel.bucket_mb * 1024.0 * 1024.0) +
-        1;
+    const std::size_t need = shared_slots(config, shared_grads->elements());
     if (shared_grads->slots() < need)
       throw Error("train: the shared-memory buffers have " + std::to_string(shared_grads->slots()) +
                   " slots, not one per gradient bucket and one for the parameters (" +
@@ -135,9 +136,7 @@ std::unique_ptr<comm::SharedSum> Trainer::make_shared_buffers(const config::RunC
                                                               comm::Communicator& data) {
   const std::size_t elements =
       model::flat_buffer_elements(model::dense_parameter_layout(config.model));
-  return std::make_unique<comm::SharedSum>(
-      data, elements,
-      GradBuckets::bucket_count_for(elements, config.parallel.bucket_mb * 1024.0 * 1024.0) + 1, 2);
+  return std::make_unique<comm::SharedSum>(data, elements, shared_slots(config, elements), 2);
 }
 
 void Trainer::gather_state(float* data) const {
@@ -148,11 +147,9 @@ void Trainer::gather_state(float* data) const {
   float* through = shared.local(kGradBuffer);
   std::memcpy(through + first, data + first, (last - first) * sizeof(float));
   shared.igather(gather_slot_, 0, n, kGradBuffer).wait();
-  for (int q = 0; q < shared.size(); ++q) {
-    if (q == shared.rank()) continue;
-    comm::SharedSum::part_of(n, shared.size(), q, first, last);
-    std::memcpy(data + first, through + first, (last - first) * sizeof(float));
-  }
+  // The peers' parts: everything before and after this rank's (parts are in rank order).
+  std::memcpy(data, through, first * sizeof(float));
+  std::memcpy(data + last, through + last, (n - last) * sizeof(float));
 }
 
 void Trainer::initialize_parameters() {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,29 @@ std::uint32_t bits(float f) {
   std::uint32_t b;
   std::memcpy(&b, &f, sizeof b);
   return b;
+}
+
+// The last rank starts late. Every other rank starts its operation with `start`, waits
+// 0.3 s and returns the TimeoutError's message; once every rank is past that, the last
+// rank starts too (returning "") and every operation completes: a request stays pending
+// and valid after a timeout.
+std::string timeout_while_the_last_rank_is_late(const std::function<Request()>& start) {
+  std::string msg;
+  if (world_rank() != world_size() - 1) {
+    Request r = start();
+    try {
+      r.wait_for(0.3);
+      ADD_FAILURE() << "completed without the last rank";
+    } catch (const TimeoutError& e) {
+      msg = e.what();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // the late rank starts only after every timeout
+    r.wait_for(60.0);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    start().wait_for(60.0);
+  }
+  return msg;
 }
 
 TEST(SharedSum, PartsCoverEveryRangeOnceOnWholeCacheLines) {
@@ -201,25 +225,14 @@ TEST(SharedSum, GatherTimeoutNamesTheRankThatHasNotStarted) {
   MpiCommunicator world(MPI_COMM_WORLD, "data", 60.0);
   SharedSum shared(world, 1024, 1, 2);
   const int late = world_size() - 1;
-  if (world_rank() != late) {
-    Request r = shared.igather(0, 0, 1024, 1);
-    try {
-      r.wait_for(0.3);
-      ADD_FAILURE() << "completed without the last rank";
-    } catch (const TimeoutError& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("shm: allgather in place of 1024 x f32"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("of buffer 1, slot 0 did not complete within 0.3 s"), std::string::npos)
-          << msg;
-      EXPECT_NE(msg.find("not started by rank(s): "), std::string::npos) << msg;
-      EXPECT_NE(msg.find(std::to_string(late) + ";"), std::string::npos) << msg;
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    r.wait_for(60.0);
-  } else {
-    MPI_Barrier(MPI_COMM_WORLD);
-    shared.igather(0, 0, 1024, 1).wait_for(60.0);
-  }
+  const std::string msg =
+      timeout_while_the_last_rank_is_late([&] { return shared.igather(0, 0, 1024, 1); });
+  if (world_rank() == late) return;
+  EXPECT_NE(msg.find("shm: allgather in place of 1024 x f32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("of buffer 1, slot 0 did not complete within 0.3 s"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("not started by rank(s): "), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(late) + ";"), std::string::npos) << msg;
 }
 
 // The last rank starts late: the others' short deadline names it, and the sum completes
@@ -232,30 +245,20 @@ TEST(SharedSum, TimeoutNamesTheRankThatHasNotStarted) {
   const int late = world_size() - 1;
   for (std::size_t i = 0; i < kElements; ++i)
     sum.local()[i] = value(i, world_rank(), 3);
+  const std::string msg =
+      timeout_while_the_last_rank_is_late([&] { return sum.isum(0, 0, kElements); });
   if (world_rank() != late) {
-    Request r = sum.isum(0, 0, kElements);
-    try {
-      r.wait_for(0.3);
-      ADD_FAILURE() << "completed without the last rank";
-    } catch (const TimeoutError& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("shm: allreduce(sum) of 4096 x f32"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("did not complete within 0.3 s"), std::string::npos) << msg;
-      // The late rank is among those not started (a slow peer may be listed too).
-      const std::string lead = "not started by rank(s): ";
-      const auto at = msg.find(lead);
-      ASSERT_NE(at, std::string::npos) << msg;
-      const std::string listed =
-          ", " + msg.substr(at + lead.size(), msg.find(';', at) - at - lead.size()) + ",";
-      EXPECT_NE(listed.find(", " + std::to_string(late) + ","), std::string::npos) << msg;
-      EXPECT_NE(msg.find("rank " + std::to_string(world_rank()) + " waited"), std::string::npos)
-          << msg;
-    }
-    MPI_Barrier(MPI_COMM_WORLD);  // the late rank starts only after every timeout
-    r.wait_for(60.0);
-  } else {
-    MPI_Barrier(MPI_COMM_WORLD);
-    sum.isum(0, 0, kElements).wait_for(60.0);
+    EXPECT_NE(msg.find("shm: allreduce(sum) of 4096 x f32"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did not complete within 0.3 s"), std::string::npos) << msg;
+    // The late rank is among those not started (a slow peer may be listed too).
+    const std::string lead = "not started by rank(s): ";
+    const auto at = msg.find(lead);
+    ASSERT_NE(at, std::string::npos) << msg;
+    const std::string listed =
+        ", " + msg.substr(at + lead.size(), msg.find(';', at) - at - lead.size()) + ",";
+    EXPECT_NE(listed.find(", " + std::to_string(late) + ","), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank " + std::to_string(world_rank()) + " waited"), std::string::npos)
+        << msg;
   }
   for (std::size_t i = 0; i < kElements; ++i)
     ASSERT_EQ(bits(sum.local()[i]), bits(rank_order_sum(i, 3))) << "element " << i;
