@@ -37,6 +37,7 @@ Session start_session(runtime::Runtime& rt, const std::string& deck,
   DST_LOG(info, "dstrain " << core::version() << " (git " << core::git_hash() << ") " << what << " "
                            << deck);
   log::info(runtime::describe_layout(rt, s.layout, s.backends));
+  if (!rt.node().cpu_crowding.empty()) log::warn(rt.node().cpu_crowding);
   if (rt.rank() == 0)
     for (const auto& note : config::advisories(s.config))
       log::warn(note);

@@ -82,6 +82,15 @@ void select_host_kernels(char** argv) {
   const char* best = best_family();
   if (!best || !pre_avx2_family(core)) return;
   if (setenv("OPENBLAS_CORETYPE", best, 1) != 0 || setenv(kMark, core.c_str(), 1) != 0) return;
+  // The binary's own path where it can be read: the kernel names a process after the
+  // file it executes, and "/proc/self/exe" would make every rank an "exe" in ps, top and
+  // pkill (and hide it from the CPU-sharing check, runtime/cpu_binding.hpp).
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    if (access(self, X_OK) == 0) execv(self, argv);  // not if replaced: " (deleted)"
+  }
   execv("/proc/self/exe", argv);
   // execv failed (no /proc, say): go on with the library's choice, and say nothing
   // chose otherwise.

@@ -11,11 +11,13 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
 #include "core/version.hpp"
+#include "runtime/cpu_binding.hpp"
 #include "runtime/device.hpp"
 #include "runtime/mpi_check.hpp"
 #include "runtime/mpi_wait.hpp"
@@ -47,6 +49,46 @@ int allreduce_int(MPI_Comm comm, int value, MPI_Op op, double timeout_s, const s
   return result;
 }
 
+/// On the node's first rank: the warning of describe_crowding() when the node's ranks,
+/// together with the machine's other dstrain processes, are confined to fewer CPUs than
+/// they are; empty otherwise and on the other ranks. Each rank sends (world rank, pid,
+/// its CPUs) to the node's first rank.
+std::string cpu_crowding(MPI_Comm local, int world_rank, const std::string& host,
+                         double timeout_s) {
+  int local_rank = 0;
+  int local_size = 1;
+  DST_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
+  DST_MPI_CHECK(MPI_Comm_size(local, &local_size));
+  std::vector<int> mine{world_rank, static_cast<int>(getpid())};
+  for (const int c : own_cpus())
+    mine.push_back(c);
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<std::size_t>(local_size));
+  MPI_Request req = MPI_REQUEST_NULL;
+  DST_MPI_CHECK(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, local, &req));
+  wait_with_deadline(req, timeout_s, [] { return std::string("start-up: CPU masks (sizes)"); });
+  std::vector<int> offsets(lengths.size(), 0);
+  for (std::size_t r = 1; r < lengths.size(); ++r)
+    offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::vector<int> all(local_rank == 0 ? static_cast<std::size_t>(offsets.back() + lengths.back())
+                                       : 0);
+  DST_MPI_CHECK(MPI_Igatherv(mine.data(), length, MPI_INT, all.data(), lengths.data(),
+                             offsets.data(), MPI_INT, 0, local, &req));
+  wait_with_deadline(req, timeout_s, [] { return std::string("start-up: CPU masks"); });
+  if (local_rank != 0) return {};
+  std::vector<CpuClaim> claims;
+  std::vector<int> pids;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    const int* p = all.data() + offsets[r];
+    claims.push_back({p[0], p[1], CpuList(p + 2, p + lengths[r])});
+    pids.push_back(p[1]);
+  }
+  for (auto& other : other_dstrain_processes(pids))
+    claims.push_back(std::move(other));
+  const auto crowded = find_crowding(claims);
+  return crowded ? describe_crowding(*crowded, host) : std::string();
+}
+
 }  // namespace
 
 Runtime::Runtime(int& argc, char**& argv, double init_timeout_s)
@@ -67,19 +109,24 @@ Runtime::Runtime(int& argc, char**& argv, double init_timeout_s)
                   ", dstrain needs at least MPI_THREAD_FUNNELED");
   }
   maybe_stall_for_test(node_.world_rank, "node-local rank");
+  MPI_Comm local = MPI_COMM_NULL;  // the ranks of this node
   {
     StartupStep step(*watchdog_, "node-local rank (MPI_Comm_split_type)", init_timeout_s_);
     node_.hostname = host_name();
-    MPI_Comm local = MPI_COMM_NULL;
     DST_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, node_.world_rank,
                                       MPI_INFO_NULL, &local));
     DST_MPI_CHECK(MPI_Comm_rank(local, &node_.local_rank));
     DST_MPI_CHECK(MPI_Comm_size(local, &node_.local_size));
-    DST_MPI_CHECK(MPI_Comm_free(&local));
     node_.num_nodes = allreduce_int(MPI_COMM_WORLD, node_.local_rank == 0 ? 1 : 0, MPI_SUM,
                                     init_timeout_s_, "count of nodes");
     node_.max_ranks_per_node =
         allreduce_int(MPI_COMM_WORLD, node_.local_size, MPI_MAX, init_timeout_s_, "ranks per node");
+  }
+  {
+    StartupStep step(*watchdog_, "CPU sharing check (the node's CPU masks, /proc)",
+                     init_timeout_s_);
+    node_.cpu_crowding = cpu_crowding(local, node_.world_rank, node_.hostname, init_timeout_s_);
+    DST_MPI_CHECK(MPI_Comm_free(&local));
   }
   {
     StartupStep step(*watchdog_, "device selection", init_timeout_s_);

@@ -27,6 +27,10 @@ struct NodeInfo {
   int num_nodes = 1;
   int max_ranks_per_node = 1;
   std::string hostname;
+  /// On the node's first rank: a warning when this node's ranks and the machine's other
+  /// dstrain processes are confined to fewer CPUs than they are (cpu_binding.hpp);
+  /// empty otherwise.
+  std::string cpu_crowding;
 };
 
 /// The compute device this rank drives.
