@@ -141,9 +141,10 @@ std::optional<Crowding> find_crowding(const std::vector<CpuClaim>& claims) {
 
 std::vector<CpuClaim> other_dstrain_processes(const std::vector<int>& exclude) {
   std::vector<CpuClaim> found;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string pid = entry.path().filename().string();
+  std::error_code ec;  // no /proc, or an error while reading it: what was read so far
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string pid = it->path().filename().string();
     if (pid.empty() || !std::all_of(pid.begin(), pid.end(),
                                     [](unsigned char ch) { return std::isdigit(ch) != 0; }))
       continue;
