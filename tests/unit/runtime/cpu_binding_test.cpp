@@ -112,6 +112,7 @@ class FakeDstrain {
     std::filesystem::remove(link);
     std::filesystem::create_symlink("/bin/sleep", link);
     pid_ = fork();
+    if (pid_ < 0) return;  // the test's ASSERT on comm() reports it
     if (pid_ == 0) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -125,8 +126,10 @@ class FakeDstrain {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ~FakeDstrain() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+    if (pid_ > 0) {  // never kill(-1): that signals every process we may signal
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
     std::filesystem::remove_all(dir_);
   }
   int pid() const { return pid_; }
