@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <exception>
 #include <system_error>
 #include <thread>
@@ -10,10 +11,29 @@
 
 namespace dst::core {
 
+std::vector<int> affinity_cpus() {
+  // cpu_set_t holds 1024 CPUs; a kernel built for more refuses it (EINVAL): grow.
+  for (int n = CPU_SETSIZE; n <= (1 << 16); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(static_cast<std::size_t>(n));
+    if (!set) return {};
+    const std::size_t bytes = CPU_ALLOC_SIZE(static_cast<std::size_t>(n));
+    CPU_ZERO_S(bytes, set);
+    std::vector<int> cpus;
+    const bool ok = sched_getaffinity(0, bytes, set) == 0;
+    const int err = errno;
+    if (ok)
+      for (int c = 0; c < n; ++c)
+        if (CPU_ISSET_S(static_cast<std::size_t>(c), bytes, set)) cpus.push_back(c);
+    CPU_FREE(set);
+    if (ok) return cpus;
+    if (err != EINVAL) return {};
+  }
+  return {};
+}
+
 unsigned usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const std::size_t n = affinity_cpus().size();
+  if (n > 0) return static_cast<unsigned>(n);
   return std::max(1u, std::thread::hardware_concurrency());
 }
 

@@ -6,11 +6,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace dst::core {
 
-/// The CPUs this process may run on (its affinity mask: under `mpirun` or `srun` with
-/// binding, the rank's own cores), at least 1.
+/// The CPUs this process may run on (its affinity mask, sched_getaffinity: under `mpirun`
+/// or `srun` with binding, the rank's own cores), ascending; empty if it cannot be read.
+std::vector<int> affinity_cpus();
+
+/// How many: affinity_cpus().size(), or the machine's count where the mask cannot be read;
+/// at least 1.
 unsigned usable_cpus();
 
 /// Calls fn(begin, end) for contiguous slices covering [0, n): at most `threads` slices

@@ -1,10 +1,7 @@
 #include "runtime/cpu_binding.hpp"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -47,26 +44,6 @@ std::string join_names(const std::vector<std::string>& names) {
 }
 
 }  // namespace
-
-CpuList own_cpus() {
-  // cpu_set_t holds 1024 CPUs; a kernel built for more refuses it (EINVAL): grow.
-  for (int n = CPU_SETSIZE; n <= (1 << 16); n *= 2) {
-    cpu_set_t* set = CPU_ALLOC(static_cast<std::size_t>(n));
-    if (!set) return {};
-    const std::size_t bytes = CPU_ALLOC_SIZE(static_cast<std::size_t>(n));
-    CPU_ZERO_S(bytes, set);
-    CpuList cpus;
-    const bool ok = sched_getaffinity(0, bytes, set) == 0;
-    const int err = errno;
-    if (ok)
-      for (int c = 0; c < n; ++c)
-        if (CPU_ISSET_S(static_cast<std::size_t>(c), bytes, set)) cpus.push_back(c);
-    CPU_FREE(set);
-    if (ok) return cpus;
-    if (err != EINVAL) return {};
-  }
-  return {};
-}
 
 CpuList parse_cpu_list(const std::string_view text) {
   auto bad = [&](const std::string& why) {

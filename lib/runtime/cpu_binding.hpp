@@ -14,11 +14,8 @@
 
 namespace dst::runtime {
 
-/// CPU numbers, ascending and distinct.
+/// CPU numbers, ascending and distinct (this process's own: core::affinity_cpus()).
 using CpuList = std::vector<int>;
-
-/// This process's affinity mask (sched_getaffinity); empty if it cannot be read.
-CpuList own_cpus();
 
 /// The kernel's list format ("0-3,8", as /proc/<pid>/status `Cpus_allowed_list` and
 /// taskset -c write it). parse_cpu_list throws dst::Error on anything else.

@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
+#include "core/parallel.hpp"
 #include "core/version.hpp"
 #include "runtime/cpu_binding.hpp"
 #include "runtime/device.hpp"
@@ -60,7 +61,7 @@ std::string cpu_crowding(MPI_Comm local, int world_rank, const std::string& host
   DST_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
   DST_MPI_CHECK(MPI_Comm_size(local, &local_size));
   std::vector<int> mine{world_rank, static_cast<int>(getpid())};
-  for (const int c : own_cpus())
+  for (const int c : core::affinity_cpus())
     mine.push_back(c);
   int length = static_cast<int>(mine.size());
   std::vector<int> lengths(static_cast<std::size_t>(local_size));

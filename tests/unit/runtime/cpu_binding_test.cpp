@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 
 namespace dst::runtime {
 namespace {
@@ -30,7 +31,7 @@ TEST(CpuList, ParsesAndFormatsTheKernelsListFormat) {
 }
 
 TEST(CpuList, OwnCpusIsThisProcesssMask) {
-  const CpuList mine = own_cpus();
+  const CpuList mine = core::affinity_cpus();
   ASSERT_FALSE(mine.empty());
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -151,7 +152,7 @@ const CpuClaim* find_pid(const std::vector<CpuClaim>& v, int pid) {
 }
 
 TEST(OtherDstrainProcesses, FindsALiveOneWithItsCpusUnlessExcludedOrStopped) {
-  const int cpu = own_cpus().back();
+  const int cpu = core::affinity_cpus().back();
   FakeDstrain other(cpu);
   ASSERT_EQ(other.comm(), "dstrain\n");
   const auto found = other_dstrain_processes({});
