@@ -5,6 +5,7 @@
 /// calls with the same messages and a vendor library never sees a bad argument (OpenBLAS
 /// would print an xerbla line and silently return; cuBLAS would return a status code).
 #include "blas/gemm.hpp"
+#include "blas/small_gemm.hpp"
 
 #include <cblas.h>
 
@@ -274,6 +275,24 @@ void gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, st
   for (std::int64_t i = 0; i < batch; ++i)
     detail::host_gemm(kCall, ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
                       beta, c + i * stride_c, ldc);
+}
+
+void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
+                                std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                                std::int64_t stride_a, const float* b, std::int64_t ldb,
+                                std::int64_t stride_b, bool accumulate, float* c, std::int64_t ldc,
+                                std::int64_t stride_c, std::int64_t batch) {
+  constexpr const char* kCall = "blas::small_gemm_strided_batched";
+  const auto ops = detail::check_gemm(kCall, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+  detail::check_batch(kCall, ops, stride_a, stride_b, stride_c, batch);
+  if (ctx.backend == tensor::Backend::cuda || !small_gemm_supported()) {
+    gemm_strided_batched(ctx, ta, tb, m, n, k, 1.0F, a, lda, stride_a, b, ldb, stride_b,
+                         accumulate ? 1.0F : 0.0F, c, ldc, stride_c, batch);
+    return;
+  }
+  for (std::int64_t i = 0; i < batch; ++i)
+    small_gemm(ta, tb, m, n, k, a + i * stride_a, lda, b + i * stride_b, ldb, accumulate,
+               c + i * stride_c, ldc);
 }
 
 void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,

@@ -28,6 +28,18 @@ void gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, st
                           std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
                           std::int64_t stride_c, std::int64_t batch);
 
+/// gemm_strided_batched with alpha = 1 and beta = 0, or beta = 1 when `accumulate`, for
+/// products of a few hundred rows and columns at most, such as attention's (one query
+/// block of one head). On a host CPU with AVX-512F they run in dstrain's own kernel
+/// (small_gemm.hpp: no packing; each element one fused multiply-add chain in ascending k,
+/// the same bits on every such CPU and build); elsewhere (a GPU, an older CPU) as
+/// gemm_strided_batched. The same argument checks and errors as gemm_strided_batched.
+void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
+                                std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                                std::int64_t stride_a, const float* b, std::int64_t ldb,
+                                std::int64_t stride_b, bool accumulate, float* c, std::int64_t ldc,
+                                std::int64_t stride_c, std::int64_t batch);
+
 /// The model's dense layers, on tensors whose leading dimensions flatten to rows:
 /// y (N, out) = x (N, in) * W^T, W (out, in) as PyTorch's nn.Linear stores it.
 void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,

@@ -211,9 +211,9 @@ struct DenseModel::Impl {
       for (std::int64_t h = h0; h < h0 + heads; ++h) {
         const std::int64_t kh = h / group;
         for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-          blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, r1 - r0, r1, D, 1.0f,
-                                     q + r0 * H * D + h * D, H * D, T * H * D, k + kh * D, KV * D,
-                                     T * KV * D, 0.0f, p + h * T * T + r0 * T, T, H * T * T, seqs);
+          blas::small_gemm_strided_batched(
+              ctx, Trans::no, Trans::yes, r1 - r0, r1, D, q + r0 * H * D + h * D, H * D, T * H * D,
+              k + kh * D, KV * D, T * KV * D, false, p + h * T * T + r0 * T, T, H * T * T, seqs);
         });
       }
       const Tensor probs = head_slice(a.probs, b0, seqs, h0, heads);
@@ -223,10 +223,10 @@ struct DenseModel::Impl {
         const std::int64_t kh = h / group;
         // out[b, r0:r1, h, :] (r1-r0, D) = probs[b, h][r0:r1, 0:r1] x v[b, 0:r1, kh, :]
         for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-          blas::gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1, 1.0f,
-                                     p + h * T * T + r0 * T, T, H * T * T, v + kh * D, KV * D,
-                                     T * KV * D, 0.0f, out + r0 * H * D + h * D, H * D, T * H * D,
-                                     seqs);
+          blas::small_gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1,
+                                           p + h * T * T + r0 * T, T, H * T * T, v + kh * D, KV * D,
+                                           T * KV * D, false, out + r0 * H * D + h * D, H * D,
+                                           T * H * D, seqs);
         });
       }
     });
@@ -265,13 +265,14 @@ struct DenseModel::Impl {
         const std::int64_t kh = h / group;
         for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
           // d_probs[b, h][r0:r1, 0:r1] = d_attn[b, r0:r1, h, :] (r1-r0, D) x v[b, 0:r1, kh, :]^T
-          blas::gemm_strided_batched(ctx, Trans::no, Trans::yes, r1 - r0, r1, D, 1.0f,
-                                     da + r0 * H * D + h * D, H * D, T * H * D, v + kh * D, KV * D,
-                                     T * KV * D, 0.0f, dp(h) + r0 * T, T, H * T * T, seqs);
+          blas::small_gemm_strided_batched(
+              ctx, Trans::no, Trans::yes, r1 - r0, r1, D, da + r0 * H * D + h * D, H * D, T * H * D,
+              v + kh * D, KV * D, T * KV * D, false, dp(h) + r0 * T, T, H * T * T, seqs);
           // d_v[b, 0:r1, kh, :] (r1, D) += probs[b, h][r0:r1, 0:r1]^T x d_attn[b, r0:r1, h, :]
-          blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0, 1.0f,
-                                     p + h * T * T + r0 * T, T, H * T * T, da + r0 * H * D + h * D,
-                                     H * D, T * H * D, 1.0f, dv + kh * D, KV * D, T * KV * D, seqs);
+          blas::small_gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0,
+                                           p + h * T * T + r0 * T, T, H * T * T,
+                                           da + r0 * H * D + h * D, H * D, T * H * D, true,
+                                           dv + kh * D, KV * D, T * KV * D, seqs);
         });
       }
       kernels::causal_softmax_backward(ctx, head_slice(a.probs, b0, seqs, h0, heads), dprobs, scale,
@@ -280,13 +281,14 @@ struct DenseModel::Impl {
         const std::int64_t kh = h / group;
         for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
           // d_q[b, r0:r1, h, :] (r1-r0, D) = d_scores[b, h][r0:r1, 0:r1] x k[b, 0:r1, kh, :]
-          blas::gemm_strided_batched(ctx, Trans::no, Trans::no, r1 - r0, D, r1, 1.0f,
-                                     dp(h) + r0 * T, T, H * T * T, k + kh * D, KV * D, T * KV * D,
-                                     0.0f, dq + r0 * H * D + h * D, H * D, T * H * D, seqs);
+          blas::small_gemm_strided_batched(
+              ctx, Trans::no, Trans::no, r1 - r0, D, r1, dp(h) + r0 * T, T, H * T * T, k + kh * D,
+              KV * D, T * KV * D, false, dq + r0 * H * D + h * D, H * D, T * H * D, seqs);
           // d_k[b, 0:r1, kh, :] (r1, D) += d_scores[b, h][r0:r1, 0:r1]^T x q[b, r0:r1, h, :]
-          blas::gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0, 1.0f,
-                                     dp(h) + r0 * T, T, H * T * T, q + r0 * H * D + h * D, H * D,
-                                     T * H * D, 1.0f, dk + kh * D, KV * D, T * KV * D, seqs);
+          blas::small_gemm_strided_batched(ctx, Trans::yes, Trans::no, r1, D, r1 - r0,
+                                           dp(h) + r0 * T, T, H * T * T, q + r0 * H * D + h * D,
+                                           H * D, T * H * D, true, dk + kh * D, KV * D, T * KV * D,
+                                           seqs);
         });
       }
     });
