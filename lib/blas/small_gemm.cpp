@@ -35,11 +35,12 @@ namespace {
 #if DST_SMALL_GEMM_X86
 
 // GCC 12's avx512fintrin.h makes its "undefined" vectors as `__m512 __Y = __Y;`, and
-// -Wuninitialized then warns in every function that inlines an intrinsic using one
-// (unpacklo/hi, shuffle_f32x4; GCC bug 105593, fixed in GCC 13).
+// -Wuninitialized (-Wmaybe-uninitialized with the sanitizers) then warns in every function
+// that inlines an intrinsic using one (unpacklo/hi, shuffle_f32x4; GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 constexpr int kRows = 6;     // tile rows: accumulators = kRows x kVectors <= 24 of 32
