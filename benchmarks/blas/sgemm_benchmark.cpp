@@ -5,12 +5,13 @@
 // cores a run gives each rank (a run's peak is this times the cores it computes on).
 // The model-shaped cases (tiny preset: d_model 256, ffn 688,
 // qkv 3 * 256, vocab 260, 2048 tokens per micro-batch) show how far the layers' products
-// fall below that peak. BM_attention_head compares OpenBLAS and dstrain's own kernel on
-// the products of one attention head.
+// fall below that peak. BM_attention_head and BM_attention_head_paired compare OpenBLAS
+// and dstrain's own kernel on the products of one attention head.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -72,74 +73,130 @@ void model_args(benchmark::internal::Benchmark* b) {
 
 // One head of causal attention as the model runs it on a host core (dense_model.cpp): the
 // six products of its 64-row query blocks (scores, P x V; d_probs, d_v; d_q, d_k), head_dim
-// 64, rows H x 64 = 256 floats apart as in tiny and small. Args: T, and which products: 0
-// OpenBLAS (gemm_strided_batched), 1 dstrain's kernel (small_gemm_strided_batched; on a CPU
-// without AVX-512F the same OpenBLAS calls).
-void BM_attention_head(benchmark::State& state) {
-  const std::int64_t T = state.range(0), D = 64, HD = 4 * D, kBlock = 64;
-  const bool own = state.range(1) != 0;
-  auto values = [](std::size_t n, int mod) {
-    std::vector<float> v(n);
-    for (std::size_t i = 0; i < n; ++i)
-      v[i] = 0.5F + static_cast<float>(i % static_cast<std::size_t>(mod)) / static_cast<float>(mod);
-    return v;
-  };
-  const std::size_t rows = static_cast<std::size_t>(T * HD),
-                    square = static_cast<std::size_t>(T * T);
-  const std::vector<float> q = values(rows, 97), k = values(rows, 89), v = values(rows, 83),
-                           da = values(rows, 79);
-  std::vector<float> p = values(square, 73), dp = values(square, 71), out(rows), dq(rows), dk(rows),
-                     dv(rows);
-  const dst::tensor::ExecContext host{};
-  auto product = [&](Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t kk,
-                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                     bool accumulate, float* c, std::int64_t ldc) {
-    if (own)
-      dst::blas::small_gemm_strided_batched(host, ta, tb, m, n, kk, a, lda, 0, b, ldb, 0,
-                                            accumulate, c, ldc, 0, 1);
-    else
-      dst::blas::gemm_strided_batched(host, ta, tb, m, n, kk, 1.0F, a, lda, 0, b, ldb, 0,
-                                      accumulate ? 1.0F : 0.0F, c, ldc, 0, 1);
-  };
-  double flops = 0;
-  for (std::int64_t r0 = 0; r0 < T; r0 += kBlock)
-    flops +=
-        6.0 * 2.0 * static_cast<double>(std::min(kBlock, T - r0) * std::min(T, r0 + kBlock) * D);
-  for (auto _ : state) {
+// 64, rows of q, k, v H x 64 floats apart (tiny: T 256, H 4; small: T 512, H 8). Each pass
+// runs them through OpenBLAS (gemm_strided_batched) or dstrain's kernel
+// (small_gemm_strided_batched; on a CPU without AVX-512F the same OpenBLAS calls).
+class AttentionHead {
+ public:
+  AttentionHead(std::int64_t t, std::int64_t heads)
+      : T(t),
+        HD(heads * D),
+        q(values(rows(), 97)),
+        k(values(rows(), 89)),
+        v(values(rows(), 83)),
+        da(values(rows(), 79)),
+        p(values(square(), 73)),
+        dp(values(square(), 71)),
+        out(rows()),
+        dq(rows()),
+        dk(rows()),
+        dv(rows()) {}
+
+  double flops() const {
+    double f = 0;
+    for (std::int64_t r0 = 0; r0 < T; r0 += kBlock)
+      f += 6.0 * 2.0 * static_cast<double>(std::min(kBlock, T - r0) * std::min(T, r0 + kBlock) * D);
+    return f;
+  }
+
+  void pass(bool own) {
     std::fill(dk.begin(), dk.end(), 0.0F);  // accumulated over blocks, as in the model
     std::fill(dv.begin(), dv.end(), 0.0F);
-    for (std::int64_t r0 = 0; r0 < T; r0 += kBlock) {
-      const std::int64_t r1 = std::min(T, r0 + kBlock);
+    auto product = [&](Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t kk,
+                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                       bool accumulate, float* c, std::int64_t ldc) {
+      if (own)
+        dst::blas::small_gemm_strided_batched(host, ta, tb, m, n, kk, a, lda, 0, b, ldb, 0,
+                                              accumulate, c, ldc, 0, 1);
+      else
+        dst::blas::gemm_strided_batched(host, ta, tb, m, n, kk, 1.0F, a, lda, 0, b, ldb, 0,
+                                        accumulate ? 1.0F : 0.0F, c, ldc, 0, 1);
+    };
+    blocks([&](std::int64_t r0, std::int64_t r1) {
       product(Trans::no, Trans::yes, r1 - r0, r1, D, q.data() + r0 * HD, HD, k.data(), HD, false,
               p.data() + r0 * T, T);
-    }
-    for (std::int64_t r0 = 0; r0 < T; r0 += kBlock) {
-      const std::int64_t r1 = std::min(T, r0 + kBlock);
+    });
+    blocks([&](std::int64_t r0, std::int64_t r1) {
       product(Trans::no, Trans::no, r1 - r0, D, r1, p.data() + r0 * T, T, v.data(), HD, false,
               out.data() + r0 * HD, HD);
-    }
-    for (std::int64_t r0 = 0; r0 < T; r0 += kBlock) {
-      const std::int64_t r1 = std::min(T, r0 + kBlock);
+    });
+    blocks([&](std::int64_t r0, std::int64_t r1) {
       product(Trans::no, Trans::yes, r1 - r0, r1, D, da.data() + r0 * HD, HD, v.data(), HD, false,
               dp.data() + r0 * T, T);
       product(Trans::yes, Trans::no, r1, D, r1 - r0, p.data() + r0 * T, T, da.data() + r0 * HD, HD,
               true, dv.data(), HD);
-    }
-    for (std::int64_t r0 = 0; r0 < T; r0 += kBlock) {
-      const std::int64_t r1 = std::min(T, r0 + kBlock);
+    });
+    blocks([&](std::int64_t r0, std::int64_t r1) {
       product(Trans::no, Trans::no, r1 - r0, D, r1, dp.data() + r0 * T, T, k.data(), HD, false,
               dq.data() + r0 * HD, HD);
       product(Trans::yes, Trans::no, r1, D, r1 - r0, dp.data() + r0 * T, T, q.data() + r0 * HD, HD,
               true, dk.data(), HD);
-    }
+    });
     benchmark::DoNotOptimize(dk.data());
     benchmark::ClobberMemory();
   }
+
+ private:
+  static constexpr std::int64_t D = 64, kBlock = 64;
+  std::int64_t T, HD;
+  std::vector<float> q, k, v, da, p, dp, out, dq, dk, dv;
+  dst::tensor::ExecContext host{};
+
+  std::size_t rows() const { return static_cast<std::size_t>(T * HD); }
+  std::size_t square() const { return static_cast<std::size_t>(T * T); }
+  static std::vector<float> values(std::size_t n, int mod) {
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = 0.5F + static_cast<float>(i % static_cast<std::size_t>(mod)) / static_cast<float>(mod);
+    return x;
+  }
+  template <class Body>
+  void blocks(Body body) const {
+    for (std::int64_t r0 = 0; r0 < T; r0 += kBlock)
+      body(r0, std::min(T, r0 + kBlock));
+  }
+};
+
+const char* own_label() {
+  return dst::blas::small_gemm_supported() ? "dstrain kernel" : "OpenBLAS (no AVX-512F)";
+}
+
+// Args: T, H, and 0 (OpenBLAS) or 1 (dstrain's kernel).
+void BM_attention_head(benchmark::State& state) {
+  AttentionHead head(state.range(0), state.range(1));
+  const bool own = state.range(2) != 0;
+  for (auto _ : state)
+    head.pass(own);
   state.counters["GFLOPS"] =
-      benchmark::Counter(1e-9 * flops, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(
-      own ? (dst::blas::small_gemm_supported() ? "dstrain kernel" : "OpenBLAS (no AVX-512F)")
-          : "OpenBLAS");
+      benchmark::Counter(1e-9 * head.flops(), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(own ? own_label() : "OpenBLAS");
+}
+
+// Both paths in every iteration, one right after the other (the order alternating), so
+// that the host's drift, which on a shared VM moves a whole benchmark by 10-30%, moves both
+// alike: the time reported is dstrain's kernel's, and the counter `openblas_over_own` is
+// the median over iterations of OpenBLAS's pass time divided by the kernel's.
+void BM_attention_head_paired(benchmark::State& state) {
+  AttentionHead head(state.range(0), state.range(1));
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> ratios;
+  bool own_first = false;
+  for (auto _ : state) {
+    double seconds[2] = {0, 0};  // [OpenBLAS, own]
+    for (const bool own : {own_first, !own_first}) {
+      const auto t0 = Clock::now();
+      head.pass(own);
+      seconds[own ? 1 : 0] = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    own_first = !own_first;
+    state.SetIterationTime(seconds[1]);
+    ratios.push_back(seconds[0] / seconds[1]);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  state.counters["openblas_over_own"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  state.counters["GFLOPS"] =
+      benchmark::Counter(1e-9 * head.flops(), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(own_label());
 }
 
 // Real time: OpenBLAS computes in its own threads when it has any, and their CPU time
@@ -151,10 +208,21 @@ BENCHMARK(BM_sgemm)
     ->Repetitions(5)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_attention_head)
-    ->ArgNames({"T", "own"})
-    ->ArgsProduct({{256, 512}, {0, 1}})
+    ->ArgNames({"T", "H", "own"})
+    ->Args({256, 4, 0})
+    ->Args({256, 4, 1})
+    ->Args({512, 8, 0})
+    ->Args({512, 8, 1})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_attention_head_paired)
+    ->ArgNames({"T", "H"})
+    ->Args({256, 4})
+    ->Args({512, 8})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseManualTime()
     ->Repetitions(5)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_sgemm)
