@@ -31,8 +31,9 @@ void gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, st
 /// gemm_strided_batched with alpha = 1 and beta = 0, or beta = 1 when `accumulate`, for
 /// products of a few hundred rows and columns at most, such as attention's (one query
 /// block of one head). On a host CPU with AVX-512F they run in dstrain's own kernel
-/// (small_gemm.hpp: no packing; each element one fused multiply-add chain in ascending k,
-/// the same bits on every such CPU and build); elsewhere (a GPU, an older CPU) as
+/// (small_gemm.hpp: register tiles over op(B) copied into 64-column panels, op(A) read in
+/// place; each element one fused multiply-add chain in ascending k, the same bits on every
+/// such CPU and build); elsewhere (a GPU, an older CPU) as
 /// gemm_strided_batched. The same argument checks and errors as gemm_strided_batched.
 void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
                                 std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,

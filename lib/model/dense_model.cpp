@@ -148,9 +148,10 @@ struct DenseModel::Impl {
   /// blocks; the model-FLOP count keeps the full matrix, docs/performance.md). The entries
   /// beyond r1 are never computed; the softmax kernels never read them and write zeros
   /// there, so P x V and every backward product see the same zeros as a full product.
-  /// 64 rows: several of OpenBLAS's 16- or 32-row micro-kernel panels, so the shorter
-  /// products keep their efficiency (fewer, larger blocks skip less; more blocks pay
-  /// a call per block and head).
+  /// 64 rows: several of OpenBLAS's 16- or 32-row micro-kernel panels (ten 6-row tiles
+  /// and one of 4 in dstrain's kernel, blas::small_gemm_strided_batched, which runs these
+  /// products on AVX-512 CPUs), so the shorter products keep their efficiency (fewer,
+  /// larger blocks skip less; more blocks pay a call per block and head).
   /// On a GPU one product per head over the whole sequence instead: there each launch
   /// costs more than the masked work it would skip.
   static constexpr std::int64_t kQueryBlock = 64;
