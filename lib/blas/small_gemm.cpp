@@ -48,13 +48,13 @@ constexpr int kVectors = 4;  // 16-float vectors per tile row: 64 columns
 constexpr int kCols = 16 * kVectors;
 constexpr std::int64_t kDepth = 64;  // k per pass over the tiles (see run_tiles)
 
-/// Where the operands lie: op(A)[i][p] = a[i * a_row + p * a_col]; op(B)[p][j] =
-/// b[p * ldb + j]; C[i][j] = c[i * ldc + j].
+/// Where the operands lie: op(A)[i][p] = a[i * lda + p] (A itself, or the copy of A^T);
+/// op(B) in packed_b's panels, b pointing at the current panel slice (row stride kCols);
+/// C[i][j] = c[i * ldc + j].
 struct Operands {
   const float* a;
-  std::int64_t a_row, a_col;
+  std::int64_t lda;
   const float* b;
-  std::int64_t ldb;
   float* c;
   std::int64_t ldc;
   std::int64_t k;
@@ -66,9 +66,9 @@ template <int R, int V>
 DST_AVX512 void tile(const Operands& o, std::int64_t i0, std::int64_t j0, __mmask16 last) {
   // Locals, not the struct's fields: GCC then keeps the accumulators in registers (with
   // the fields it stored all 24 to the stack on every p).
-  const std::int64_t k = o.k, a_row = o.a_row, a_col = o.a_col, ldb = o.ldb, ldc = o.ldc;
+  const std::int64_t k = o.k, lda = o.lda, ldc = o.ldc;
   float* const c = o.c + i0 * ldc + j0;
-  const float* a = o.a + i0 * a_row;
+  const float* a = o.a + i0 * lda;
   const float* b = o.b;  // run_tiles points it at the column block's packed panel
   __m512 acc[R][V];
 #pragma GCC unroll 6
@@ -86,13 +86,13 @@ DST_AVX512 void tile(const Operands& o, std::int64_t i0, std::int64_t j0, __mmas
       bv[v] = v == V - 1 ? _mm512_maskz_loadu_ps(last, b + 16 * v) : _mm512_loadu_ps(b + 16 * v);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * a_row]);
+      const __m512 av = _mm512_set1_ps(a[r * lda]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
         acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
-    a += a_col;
-    b += ldb;
+    ++a;
+    b += kCols;
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
@@ -141,9 +141,8 @@ void run_tiles(const Operands& o, std::int64_t m, std::int64_t n) {
     // value the earlier one stored, so the order of the additions is unchanged.
     for (std::int64_t p0 = 0; p0 == 0 || p0 < o.k; p0 += kDepth) {
       Operands s = o;
-      s.a += p0 * o.a_col;
+      s.a += p0;
       s.b = panel + p0 * kCols;
-      s.ldb = kCols;
       s.k = std::min(kDepth, o.k - p0);
       s.accumulate = o.accumulate || p0 > 0;
       std::int64_t i0 = 0;
@@ -187,24 +186,30 @@ DST_AVX512 void transpose16(const float* s, std::int64_t lds, float* t, std::int
     _mm512_storeu_ps(t + i * ldt, r[i]);
 }
 
+/// dst (cols x rows, row stride ldd) = src^T, src (rows x cols, row stride lds): 16 x 16
+/// blocks in registers, the edges element by element.
+void transpose_into(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols,
+                    float* dst, std::int64_t ldd) {
+  constexpr std::int64_t kBlock = 16;
+  for (std::int64_t i0 = 0; i0 < rows; i0 += kBlock)
+    for (std::int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+      const std::int64_t i1 = std::min(rows, i0 + kBlock), j1 = std::min(cols, j0 + kBlock);
+      if (i1 - i0 == kBlock && j1 - j0 == kBlock) {
+        transpose16(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+        continue;
+      }
+      for (std::int64_t j = j0; j < j1; ++j)
+        for (std::int64_t i = i0; i < i1; ++i)
+          dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
 /// X^T, X stored (n, k) with row stride ldb, copied to `buffer` as (k, n) row-major.
 const float* transposed(std::vector<float>& buffer, const float* b, std::int64_t ldb,
                         std::int64_t n, std::int64_t k) {
   buffer.resize(static_cast<std::size_t>(n * k));
-  float* t = buffer.data();
-  constexpr std::int64_t kBlock = 16;
-  for (std::int64_t j0 = 0; j0 < n; j0 += kBlock)
-    for (std::int64_t p0 = 0; p0 < k; p0 += kBlock) {
-      const std::int64_t j1 = std::min(n, j0 + kBlock), p1 = std::min(k, p0 + kBlock);
-      if (j1 - j0 == kBlock && p1 - p0 == kBlock) {
-        transpose16(b + j0 * ldb + p0, ldb, t + p0 * n + j0, n);
-        continue;
-      }
-      for (std::int64_t p = p0; p < p1; ++p)
-        for (std::int64_t j = j0; j < j1; ++j)
-          t[p * n + j] = b[j * ldb + p];
-    }
-  return t;
+  transpose_into(b, ldb, n, k, buffer.data(), n);
+  return buffer.data();
 }
 
 /// op(B) (k x n) copied to `buffer` in panels of kCols columns: panel q is columns
@@ -224,20 +229,7 @@ const float* packed_b(std::vector<float>& buffer, Trans tb, const float* b, std:
         std::memcpy(panel + p * kCols, b + p * ldb + j0, static_cast<std::size_t>(cols) * 4);
       continue;
     }
-    // op(B)[p][j] = B[j][p]: 16 x 16 blocks transposed in registers.
-    constexpr std::int64_t kBlock = 16;
-    for (std::int64_t jj = 0; jj < cols; jj += kBlock)
-      for (std::int64_t p0 = 0; p0 < k; p0 += kBlock) {
-        const std::int64_t j1 = std::min(cols, jj + kBlock), p1 = std::min(k, p0 + kBlock);
-        const float* src = b + (j0 + jj) * ldb + p0;
-        if (j1 - jj == kBlock && p1 - p0 == kBlock) {
-          transpose16(src, ldb, panel + p0 * kCols + jj, kCols);
-          continue;
-        }
-        for (std::int64_t p = p0; p < p1; ++p)
-          for (std::int64_t j = jj; j < j1; ++j)
-            panel[p * kCols + j] = b[(j0 + j) * ldb + p];
-      }
+    transpose_into(b + j0 * ldb, ldb, cols, k, panel, kCols);  // op(B)[p][j] = B[j][p]
   }
   return buffer.data();
 }
@@ -269,12 +261,11 @@ void small_gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t
   // B's rows, A^T so that a tile's broadcasts read along rows (a column of a matrix whose
   // rows are a power of two apart, such as T x T probabilities, maps onto a few L1 sets).
   thread_local std::vector<float> a_plain, b_panels;
-  Operands o{a, lda, 1, b, ldb, c, ldc, k, accumulate};
+  Operands o{a, lda, packed_b(b_panels, tb, b, ldb, n, k), c, ldc, k, accumulate};
   if (ta == Trans::yes) {
     o.a = transposed(a_plain, a, lda, k, m);
-    o.a_row = k;
+    o.lda = k;
   }
-  o.b = packed_b(b_panels, tb, b, ldb, n, k);
   run_tiles(o, m, n);
 #else
   (void)ta, (void)tb, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)accumulate, (void)c,
