@@ -76,12 +76,12 @@ struct DenseModel::Impl {
   Tensor losses;           // (N)
   Tensor cos, sin;         // (T, D/2) RoPE tables
   // backward scratch, shared by all layers
-  Tensor d_x;              // (N, C) gradient of the residual stream
-  Tensor d_ln;             // (N, C)
-  Tensor d_q, d_k, d_v;    // (N, H*D), (N, KV*D), (N, KV*D)
-  Tensor d_probs;          // (B, H, T, T)
-  Tensor d_attn;           // (N, H*D)
-  Tensor d_h1, d_h3, d_g;  // (N, F)
+  Tensor d_x;            // (N, C) gradient of the residual stream
+  Tensor d_ln;           // (N, C)
+  Tensor d_q, d_k, d_v;  // (N, H*D), (N, KV*D), (N, KV*D)
+  Tensor d_probs;        // (B, H, T, T)
+  Tensor d_attn;         // (N, H*D)
+  Tensor d_g;            // (N, F); d_h1 and d_h3 overwrite the layer's h1 and h3
   double forward_s = 0.0, backward_s = 0.0;
   std::vector<float> host_losses;  // per-token losses of a device, copied to the host
 
@@ -138,8 +138,6 @@ struct DenseModel::Impl {
     d_v = work.take("d_v", {N, KV * D}, f32);
     if (!fused) d_probs = work.take("d_probs", {B, H, T, T}, f32);
     d_attn = work.take("d_attn", {N, H * D}, f32);
-    d_h1 = work.take("d_h1", {N, F}, f32);
-    d_h3 = work.take("d_h3", {N, F}, f32);
     d_g = work.take("d_g", {N, F}, f32);
   }
 
@@ -360,6 +358,10 @@ struct DenseModel::Impl {
       // MLP branch: next = mid + down(g); d_x holds d(loss)/d(next).
       store(d_x);
       blas::linear_backward(ctx, d_x, a.g, weight(ps, w.down), d_g, ps.grad(w.down));
+      // d_h1 and d_h3 overwrite h1 and h3, which nothing reads after this (swiglu_backward
+      // allows the alias): two (N, F) buffers fewer in the workspace.
+      const Tensor& d_h1 = a.h1;
+      const Tensor& d_h3 = a.h3;
       kernels::swiglu_backward(ctx, d_g, a.h1, a.h3, d_h1, d_h3);
       store(d_h1);
       store(d_h3);
