@@ -5,8 +5,10 @@
 // cores a run gives each rank (a run's peak is this times the cores it computes on).
 // The model-shaped cases (tiny preset: d_model 256, ffn 688,
 // qkv 3 * 256, vocab 260, 2048 tokens per micro-batch) show how far the layers' products
-// fall below that peak. BM_attention_head and BM_attention_head_paired compare OpenBLAS
-// and dstrain's own kernel on the products of one attention head.
+// fall below that peak; BM_sgemm_from_memory runs tiny's and small's layer products with
+// their operands coming from memory, as inside a training step, and again from cache.
+// BM_attention_head and BM_attention_head_paired compare OpenBLAS and dstrain's own kernel
+// on the products of one attention head.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -69,6 +71,90 @@ void model_args(benchmark::internal::Benchmark* b) {
     b->Args({kTokens, l.in, l.out, 0, 0});  // backward dx (N, in) = dy (N, out) W
     b->Args({l.out, l.in, kTokens, 1, 0});  // backward dW (out, in) += dy^T x
   }
+}
+
+// Bytes written between two products of BM_sgemm_from_memory so that none of the product's
+// operands is still in any cache level: more than this VM's whole L3 (lscpu: 480 MiB, one
+// instance shared by all its guests) and than a training step's memory (tiny: ~350 MB).
+constexpr std::size_t kEvictBytes = std::size_t{512} << 20;
+
+// Writes one float in every 64-byte line of a buffer larger than the caches.
+void evict_caches() {
+  static std::vector<float> junk(kEvictBytes / sizeof(float), 0.0F);
+  for (std::size_t i = 0; i < junk.size(); i += 64 / sizeof(float))
+    junk[i] += 1.0F;
+  benchmark::DoNotOptimize(junk.data());
+  benchmark::ClobberMemory();
+}
+
+// A product whose operands come from memory, as a training step's do (each activation and
+// weight was last touched a layer or a step earlier), against the same product at once
+// again with them in cache, as a loop of BM_sgemm runs it. Every iteration evicts the
+// caches (untimed), times the product (the iteration's time: from memory), then times it
+// again (in cache). Counters: the median of each and their ratio, per iteration.
+// Args: M, N, K, tA, tB as BM_sgemm, and beta (0: C written, as the forward's products;
+// 1: accumulated, as the weight gradients').
+void BM_sgemm_from_memory(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const Trans ta = state.range(3) != 0 ? Trans::yes : Trans::no;
+  const Trans tb = state.range(4) != 0 ? Trans::yes : Trans::no;
+  const float beta = state.range(5) != 0 ? 1.0F : 0.0F;
+  const std::int64_t lda = ta == Trans::no ? k : m;
+  const std::int64_t ldb = tb == Trans::no ? n : k;
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+      c(static_cast<std::size_t>(m * n), 0.0F);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a[i] = 0.5F + static_cast<float>(i % 97) / 97.0F;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    b[i] = 0.5F + static_cast<float>(i % 89) / 89.0F;
+  const dst::tensor::ExecContext host{};
+  using Clock = std::chrono::steady_clock;
+  auto product = [&] {
+    const auto t0 = Clock::now();
+    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, beta, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  std::vector<double> cold, warm, ratio;
+  for (auto _ : state) {
+    evict_caches();
+    cold.push_back(product());
+    warm.push_back(product());
+    state.SetIterationTime(cold.back());
+    ratio.push_back(cold.back() / warm.back());
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double flop = 2.0 * static_cast<double>(m * n * k);
+  const double cold_s = median(cold), warm_s = median(warm);
+  state.counters["GFLOPS_from_memory"] = cold_s > 0 ? 1e-9 * flop / cold_s : 0.0;
+  state.counters["GFLOPS_in_cache"] = warm_s > 0 ? 1e-9 * flop / warm_s : 0.0;
+  state.counters["from_memory_over_in_cache"] = median(ratio);
+}
+
+// The layer products of tiny (2048 tokens per micro-batch) and small (512), with the
+// model's beta: forward and dx written, dW accumulated.
+void from_memory_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "tA", "tB", "beta"});
+  b->Args({64, 64, 64, 0, 1, 0});  // tiny: the CTest smoke run
+  struct Layer {
+    std::int64_t out, in;
+  };
+  const Layer tiny[] = {{256, 256}, {688, 256}, {256, 688}};
+  const Layer small[] = {{512, 512}, {1376, 512}, {512, 1376}, {4096, 512}};
+  auto add = [&](std::int64_t tokens, const Layer& l) {
+    b->Args({tokens, l.out, l.in, 0, 1, 0});  // forward  y (N, out) = x (N, in) W^T
+    b->Args({tokens, l.in, l.out, 0, 0, 0});  // backward dx (N, in) = dy (N, out) W
+    b->Args({l.out, l.in, tokens, 1, 0, 1});  // backward dW (out, in) += dy^T x
+  };
+  for (const Layer& l : tiny)
+    add(kTokens, l);
+  for (const Layer& l : small)
+    add(512, l);
 }
 
 // One head of causal attention as the model runs it on a host core (dense_model.cpp): the
@@ -224,6 +310,13 @@ BENCHMARK(BM_attention_head_paired)
     ->Unit(benchmark::kMicrosecond)
     ->UseManualTime()
     ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_sgemm_from_memory)
+    ->Apply(from_memory_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(15)
+    ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_sgemm)
     ->Name("BM_sgemm_model")
