@@ -1,4 +1,6 @@
 // RMSNorm: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), one row per work item.
+#include <type_traits>
+
 #include "kernels/kokkos/detail/common.hpp"
 #include "kernels/kokkos/kokkos_backend.hpp"
 
@@ -32,6 +34,10 @@ void rmsnorm_forward(const ExecSpace& space, const Matrix<ExecSpace, const T>& x
       });
 }
 
+/// Widest rows whose weight-gradient sums fit on the stack of the one-pass host version
+/// (32 KiB of doubles): d_model up to 4096 (DeepSeek-LLM 7B); wider rows take two passes.
+constexpr Index kOnePassColumns = 4096;
+
 /// dx += rstd * (g - xhat * mean(g * xhat)) with g = dout * w, xhat = x * rstd (row-
 /// parallel); dw += sum_n dout * xhat (column-parallel, rows in order: deterministic).
 template <class T, class ExecSpace>
@@ -43,6 +49,43 @@ void rmsnorm_backward(const ExecSpace& space, const Matrix<ExecSpace, const T>& 
                       const Vector<ExecSpace, T>& dw) {                                // (C)
   const Index n_rows = static_cast<Index>(x.extent(0));
   const Index c = static_cast<Index>(x.extent(1));
+#ifdef KOKKOS_ENABLE_SERIAL
+  // On one host thread both parts in one pass over the rows: each row's dout and x are
+  // read from memory once, not again by the column pass below. Every column still sums
+  // its rows 0..N-1 in order in double, term for term as below: the same bits.
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Serial>) {
+    if (c <= kOnePassColumns) {
+      Kokkos::parallel_for(
+          "dst::kernels::rmsnorm_backward::dx_and_dw", Range<ExecSpace>(space, 0, 1),
+          KOKKOS_LAMBDA(const Index) {
+            double acc[kOnePassColumns];  // (C) the weight gradient's column sums
+            for (Index j = 0; j < c; ++j)
+              acc[j] = 0.0;
+            for (Index n = 0; n < n_rows; ++n) {
+              const T* gr = &dout(n, 0);
+              const T* xr = &x(n, 0);
+              const T* wr = &w(0);
+              T* dxr = &dx(n, 0);
+              const float r = rstd(n);
+              const double dot = lane_sum(c, [&](const Index j) {
+                return to_float(gr[j]) * to_float(wr[j]) * (to_float(xr[j]) * r);
+              });
+              const float m = static_cast<float>(dot / static_cast<double>(c));
+              for (Index j = 0; j < c; ++j) {
+                const float xhat = to_float(xr[j]) * r;
+                dxr[j] = from_float<T>(to_float(dxr[j]) +
+                                       r * (to_float(gr[j]) * to_float(wr[j]) - xhat * m));
+                acc[j] += static_cast<double>(to_float(gr[j]) * xhat);
+              }
+            }
+            T* dwr = &dw(0);
+            for (Index j = 0; j < c; ++j)
+              dwr[j] = from_float<T>(to_float(dwr[j]) + static_cast<float>(acc[j]));
+          });
+      return;
+    }
+  }
+#endif
   Kokkos::parallel_for(
       "dst::kernels::rmsnorm_backward::dx", Range<ExecSpace>(space, 0, n_rows),
       KOKKOS_LAMBDA(const Index n) {

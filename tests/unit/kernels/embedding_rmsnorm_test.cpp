@@ -163,5 +163,38 @@ TEST(RmsNorm, BackwardIsDeterministic) {
   expect_bitwise(dw1, dw2, "dw");
 }
 
+// The weight gradient's arithmetic, exactly: each column sums float(dout * float(x * rstd))
+// over rows 0..N-1 in order, in double, and adds the rounded sum to dw. That holds on the
+// host's one-pass path (C up to 4096) and on its two-pass one (wider rows), so both give
+// these bits, and a 4096-wide row gives what a 4100-wide one's first columns would.
+void check_rmsnorm_dw_bits(std::int64_t n, std::int64_t c, std::uint32_t seed) {
+  auto x = random_vec(static_cast<std::size_t>(n * c), seed, -2.0f, 2.0f);
+  auto w = random_vec(static_cast<std::size_t>(c), seed + 1, 0.5f, 1.5f);
+  auto g = random_vec(x.size(), seed + 2);
+  std::vector<float> out(x.size()), rstd(static_cast<std::size_t>(n));
+  rmsnorm_forward(kokkos_ctx(), view(x, {n, c}), view(w, {c}), 1e-6f, view(out, {n, c}),
+                  view(rstd, {n}));
+  std::vector<float> dx(x.size(), 0.f);
+  auto dw = random_vec(w.size(), seed + 3);
+  std::vector<float> want(dw.size());
+  for (std::int64_t j = 0; j < c; ++j) {
+    double acc = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t e = static_cast<std::size_t>(i * c + j);
+      acc += static_cast<double>(g[e] * (x[e] * rstd[static_cast<std::size_t>(i)]));
+    }
+    want[static_cast<std::size_t>(j)] = dw[static_cast<std::size_t>(j)] + static_cast<float>(acc);
+  }
+  rmsnorm_backward(kokkos_ctx(), view(g, {n, c}), view(x, {n, c}), view(w, {c}), view(rstd, {n}),
+                   view(dx, {n, c}), view(dw, {c}));
+  expect_bitwise(dw, want, "dw");
+}
+
+TEST(RmsNorm, BackwardWeightGradientSumsRowsInOrder) {
+  check_rmsnorm_dw_bits(37, 70, 40);
+  check_rmsnorm_dw_bits(5, 4096, 41);  // the widest one-pass row on the host
+  check_rmsnorm_dw_bits(3, 4100, 42);  // two passes
+}
+
 }  // namespace
 }  // namespace dst::kernels::test
