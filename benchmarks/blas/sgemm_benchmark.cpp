@@ -26,29 +26,46 @@ namespace {
 
 using dst::blas::Trans;
 
-// Args: M, N, K, transpose A, transpose B (0/1), as in gemm.hpp's row-major convention.
-void BM_sgemm(benchmark::State& state) {
-  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const Trans ta = state.range(3) != 0 ? Trans::yes : Trans::no;
-  const Trans tb = state.range(4) != 0 ? Trans::yes : Trans::no;
-  const std::int64_t lda = ta == Trans::no ? k : m;
-  const std::int64_t ldb = tb == Trans::no ? n : k;
-  // Values in [0.5, 1.5): no denormals, no growth towards overflow.
-  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
-      c(static_cast<std::size_t>(m * n), 0.0F);
-  for (std::size_t i = 0; i < a.size(); ++i)
-    a[i] = 0.5F + static_cast<float>(i % 97) / 97.0F;
-  for (std::size_t i = 0; i < b.size(); ++i)
-    b[i] = 0.5F + static_cast<float>(i % 89) / 89.0F;
-  const dst::tensor::ExecContext host{};
-  for (auto _ : state) {
-    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, 0.0F, c.data(), n);
+// One product's operands from the benchmark's first five args: M, N, K, transpose A,
+// transpose B (0/1), as in gemm.hpp's row-major convention.
+struct Product {
+  explicit Product(const benchmark::State& state)
+      : m(state.range(0)),
+        n(state.range(1)),
+        k(state.range(2)),
+        ta(state.range(3) != 0 ? Trans::yes : Trans::no),
+        tb(state.range(4) != 0 ? Trans::yes : Trans::no),
+        a(static_cast<std::size_t>(m * k)),
+        b(static_cast<std::size_t>(k * n)),
+        c(static_cast<std::size_t>(m * n), 0.0F) {
+    // Values in [0.5, 1.5): no denormals, no growth towards overflow.
+    for (std::size_t i = 0; i < a.size(); ++i)
+      a[i] = 0.5F + static_cast<float>(i % 97) / 97.0F;
+    for (std::size_t i = 0; i < b.size(); ++i)
+      b[i] = 0.5F + static_cast<float>(i % 89) / 89.0F;
+  }
+  void run(float beta) {
+    const std::int64_t lda = ta == Trans::no ? k : m;
+    const std::int64_t ldb = tb == Trans::no ? n : k;
+    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, beta, c.data(), n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
-  // 2 M N K flops per product (one multiply and one add per term), in units of 1e9.
-  state.counters["GFLOPS"] = benchmark::Counter(2.0e-9 * static_cast<double>(m * n * k),
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  // 2 M N K flops per product (one multiply and one add per term).
+  double flops() const { return 2.0 * static_cast<double>(m * n * k); }
+
+  std::int64_t m, n, k;
+  Trans ta, tb;
+  std::vector<float> a, b, c;
+  dst::tensor::ExecContext host{};
+};
+
+void BM_sgemm(benchmark::State& state) {
+  Product p(state);
+  for (auto _ : state)
+    p.run(0.0F);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(1e-9 * p.flops(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 constexpr std::int64_t kTokens = 2048;
@@ -95,25 +112,12 @@ void evict_caches() {
 // Args: M, N, K, tA, tB as BM_sgemm, and beta (0: C written, as the forward's products;
 // 1: accumulated, as the weight gradients').
 void BM_sgemm_from_memory(benchmark::State& state) {
-  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const Trans ta = state.range(3) != 0 ? Trans::yes : Trans::no;
-  const Trans tb = state.range(4) != 0 ? Trans::yes : Trans::no;
+  Product p(state);
   const float beta = state.range(5) != 0 ? 1.0F : 0.0F;
-  const std::int64_t lda = ta == Trans::no ? k : m;
-  const std::int64_t ldb = tb == Trans::no ? n : k;
-  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
-      c(static_cast<std::size_t>(m * n), 0.0F);
-  for (std::size_t i = 0; i < a.size(); ++i)
-    a[i] = 0.5F + static_cast<float>(i % 97) / 97.0F;
-  for (std::size_t i = 0; i < b.size(); ++i)
-    b[i] = 0.5F + static_cast<float>(i % 89) / 89.0F;
-  const dst::tensor::ExecContext host{};
   using Clock = std::chrono::steady_clock;
   auto product = [&] {
     const auto t0 = Clock::now();
-    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, beta, c.data(), n);
-    benchmark::DoNotOptimize(c.data());
-    benchmark::ClobberMemory();
+    p.run(beta);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
   std::vector<double> cold, warm, ratio;
@@ -129,7 +133,7 @@ void BM_sgemm_from_memory(benchmark::State& state) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double flop = 2.0 * static_cast<double>(m * n * k);
+  const double flop = p.flops();
   const double cold_s = median(cold), warm_s = median(warm);
   state.counters["GFLOPS_from_memory"] = cold_s > 0 ? 1e-9 * flop / cold_s : 0.0;
   state.counters["GFLOPS_in_cache"] = warm_s > 0 ? 1e-9 * flop / warm_s : 0.0;

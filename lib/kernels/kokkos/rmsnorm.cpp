@@ -38,6 +38,22 @@ void rmsnorm_forward(const ExecSpace& space, const Matrix<ExecSpace, const T>& x
 /// (32 KiB of doubles): d_model up to 4096 (DeepSeek-LLM 7B); wider rows take two passes.
 constexpr Index kOnePassColumns = 4096;
 
+/// mean(g * xhat) over one row of C, g = dout * w, xhat = x * rstd: in double, in the lane
+/// order of lane_sum, rounded once.
+template <class T>
+KOKKOS_INLINE_FUNCTION float mean_g_xhat(const Index c, const T* gr, const T* wr, const T* xr,
+                                         const float r) {
+  const double dot = lane_sum(
+      c, [&](const Index j) { return to_float(gr[j]) * to_float(wr[j]) * (to_float(xr[j]) * r); });
+  return static_cast<float>(dot / static_cast<double>(c));
+}
+
+/// One element's dx term: rstd * (g - xhat * m), m = mean_g_xhat of its row.
+KOKKOS_INLINE_FUNCTION float dx_term(const float g, const float w, const float xhat, const float r,
+                                     const float m) {
+  return r * (g * w - xhat * m);
+}
+
 /// dx += rstd * (g - xhat * mean(g * xhat)) with g = dout * w, xhat = x * rstd (row-
 /// parallel); dw += sum_n dout * xhat (column-parallel, rows in order: deterministic).
 template <class T, class ExecSpace>
@@ -67,14 +83,11 @@ void rmsnorm_backward(const ExecSpace& space, const Matrix<ExecSpace, const T>& 
               const T* wr = &w(0);
               T* dxr = &dx(n, 0);
               const float r = rstd(n);
-              const double dot = lane_sum(c, [&](const Index j) {
-                return to_float(gr[j]) * to_float(wr[j]) * (to_float(xr[j]) * r);
-              });
-              const float m = static_cast<float>(dot / static_cast<double>(c));
+              const float m = mean_g_xhat(c, gr, wr, xr, r);
               for (Index j = 0; j < c; ++j) {
                 const float xhat = to_float(xr[j]) * r;
                 dxr[j] = from_float<T>(to_float(dxr[j]) +
-                                       r * (to_float(gr[j]) * to_float(wr[j]) - xhat * m));
+                                       dx_term(to_float(gr[j]), to_float(wr[j]), xhat, r, m));
                 acc[j] += static_cast<double>(to_float(gr[j]) * xhat);
               }
             }
@@ -94,13 +107,10 @@ void rmsnorm_backward(const ExecSpace& space, const Matrix<ExecSpace, const T>& 
         const T* wr = &w(0);
         T* dxr = &dx(n, 0);
         const float r = rstd(n);
-        const double dot = lane_sum(c, [&](const Index j) {
-          return to_float(gr[j]) * to_float(wr[j]) * (to_float(xr[j]) * r);
-        });
-        const float m = static_cast<float>(dot / static_cast<double>(c));
+        const float m = mean_g_xhat(c, gr, wr, xr, r);
         for (Index j = 0; j < c; ++j)
-          dxr[j] = from_float<T>(to_float(dxr[j]) + r * (to_float(gr[j]) * to_float(wr[j]) -
-                                                         (to_float(xr[j]) * r) * m));
+          dxr[j] = from_float<T>(to_float(dxr[j]) + dx_term(to_float(gr[j]), to_float(wr[j]),
+                                                            to_float(xr[j]) * r, r, m));
       });
 
   constexpr Index kBlock = column_block<ExecSpace>();
