@@ -38,20 +38,29 @@ void rmsnorm_forward(const ExecSpace& space, const Matrix<ExecSpace, const T>& x
 /// (32 KiB of doubles): d_model up to 4096 (DeepSeek-LLM 7B); wider rows take two passes.
 constexpr Index kOnePassColumns = 4096;
 
-/// mean(g * xhat) over one row of C, g = dout * w, xhat = x * rstd: in double, in the lane
-/// order of lane_sum, rounded once.
-template <class T>
-KOKKOS_INLINE_FUNCTION float mean_g_xhat(const Index c, const T* gr, const T* wr, const T* xr,
-                                         const float r) {
+/// Row n of dx += rstd * (g - xhat * mean(g * xhat)), g = dout * w, xhat = x * rstd; the
+/// mean in double, in lane_sum's order. `term(j, t)` is given each t = dout * xhat of the
+/// row, the weight gradient's terms, as the column pass below computes them.
+template <class T, class ExecSpace, class Term>
+KOKKOS_INLINE_FUNCTION void backward_row(const Matrix<ExecSpace, const T>& dout,
+                                         const Matrix<ExecSpace, const T>& x,
+                                         const Vector<ExecSpace, const T>& w,
+                                         const Vector<ExecSpace, const float>& rstd,
+                                         const Matrix<ExecSpace, T>& dx, const Index n,
+                                         const Index c, const Term& term) {
+  const T* gr = &dout(n, 0);
+  const T* xr = &x(n, 0);
+  const T* wr = &w(0);
+  T* dxr = &dx(n, 0);
+  const float r = rstd(n);
   const double dot = lane_sum(
       c, [&](const Index j) { return to_float(gr[j]) * to_float(wr[j]) * (to_float(xr[j]) * r); });
-  return static_cast<float>(dot / static_cast<double>(c));
-}
-
-/// One element's dx term: rstd * (g - xhat * m), m = mean_g_xhat of its row.
-KOKKOS_INLINE_FUNCTION float dx_term(const float g, const float w, const float xhat, const float r,
-                                     const float m) {
-  return r * (g * w - xhat * m);
+  const float m = static_cast<float>(dot / static_cast<double>(c));
+  for (Index j = 0; j < c; ++j) {
+    const float xhat = to_float(xr[j]) * r;
+    dxr[j] = from_float<T>(to_float(dxr[j]) + r * (to_float(gr[j]) * to_float(wr[j]) - xhat * m));
+    term(j, to_float(gr[j]) * xhat);
+  }
 }
 
 /// dx += rstd * (g - xhat * mean(g * xhat)) with g = dout * w, xhat = x * rstd (row-
@@ -77,20 +86,10 @@ void rmsnorm_backward(const ExecSpace& space, const Matrix<ExecSpace, const T>& 
             double acc[kOnePassColumns];  // (C) the weight gradient's column sums
             for (Index j = 0; j < c; ++j)
               acc[j] = 0.0;
-            for (Index n = 0; n < n_rows; ++n) {
-              const T* gr = &dout(n, 0);
-              const T* xr = &x(n, 0);
-              const T* wr = &w(0);
-              T* dxr = &dx(n, 0);
-              const float r = rstd(n);
-              const float m = mean_g_xhat(c, gr, wr, xr, r);
-              for (Index j = 0; j < c; ++j) {
-                const float xhat = to_float(xr[j]) * r;
-                dxr[j] = from_float<T>(to_float(dxr[j]) +
-                                       dx_term(to_float(gr[j]), to_float(wr[j]), xhat, r, m));
-                acc[j] += static_cast<double>(to_float(gr[j]) * xhat);
-              }
-            }
+            for (Index n = 0; n < n_rows; ++n)
+              backward_row<T, ExecSpace>(
+                  dout, x, w, rstd, dx, n, c,
+                  [&](const Index j, const float t) { acc[j] += static_cast<double>(t); });
             T* dwr = &dw(0);
             for (Index j = 0; j < c; ++j)
               dwr[j] = from_float<T>(to_float(dwr[j]) + static_cast<float>(acc[j]));
@@ -102,15 +101,7 @@ void rmsnorm_backward(const ExecSpace& space, const Matrix<ExecSpace, const T>& 
   Kokkos::parallel_for(
       "dst::kernels::rmsnorm_backward::dx", Range<ExecSpace>(space, 0, n_rows),
       KOKKOS_LAMBDA(const Index n) {
-        const T* gr = &dout(n, 0);
-        const T* xr = &x(n, 0);
-        const T* wr = &w(0);
-        T* dxr = &dx(n, 0);
-        const float r = rstd(n);
-        const float m = mean_g_xhat(c, gr, wr, xr, r);
-        for (Index j = 0; j < c; ++j)
-          dxr[j] = from_float<T>(to_float(dxr[j]) + dx_term(to_float(gr[j]), to_float(wr[j]),
-                                                            to_float(xr[j]) * r, r, m));
+        backward_row<T, ExecSpace>(dout, x, w, rstd, dx, n, c, [](const Index, const float) {});
       });
 
   constexpr Index kBlock = column_block<ExecSpace>();
