@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "comm/nccl_bootstrap.hpp"
@@ -238,6 +239,9 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   // the model runs; with parallel.backend nccl the gradients are summed by NCCL on the
   // device, everything else over MPI.
   tensor::ExecContext ctx;
+  ctx.host_gemm = cfg.kernels.host_gemm == "blas"      ? tensor::HostGemm::blas
+                  : cfg.kernels.host_gemm == "dstrain" ? tensor::HostGemm::own
+                                                       : tensor::HostGemm::automatic;
   std::unique_ptr<comm::Communicator> grad_comm;
   if (session.backends.kernels == "cuda") {
     ctx.backend = tensor::Backend::cuda;
@@ -249,6 +253,9 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                                          cfg.parallel.init_timeout_s, ctx.stream);
     }
   }
+  // Fails here, on every rank, when the deck asks for dstrain's host kernels on a CPU that
+  // cannot run them; root logs the choice with the peak below.
+  const std::string host_products = blas::describe_host_products(ctx);
   // parallel.backend shm: the gradients and parameters live in the data group's shared
   // memory, and its ranks share the optimizer's update.
   std::unique_ptr<comm::SharedSum> shared_grads;
@@ -383,6 +390,9 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                   "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3, %s kernels) x %d ranks",
                   peak, blas::host_blas().kernels.c_str(), rt.size());
   log::info(peak_line);
+  if (!on_gpu)
+    log::info("host products: " + host_products + " (kernels.host_gemm " + cfg.kernels.host_gemm +
+              ")");
   if (cfg.training.precision != "fp32")
     log::info("precision: " + cfg.training.precision + " (fp32 master weights and moments; " +
               (on_gpu ? "values rounded to 16 bits in fp32 storage, products on tensor cores"

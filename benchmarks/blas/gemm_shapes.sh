@@ -3,7 +3,8 @@
 # cblas_sgemm call timed (sgemm_shapes_preload, LD_PRELOAD), grouped by shape. Prints a
 # Markdown table (calls, share of all product time, GFLOP/s reached inside the run) and
 # the rate of the run's own start-up 2048^3 products (the MFU peak), so the two are from
-# the same minutes.
+# the same minutes. The run uses kernels.host_gemm blas: the preload sees only the BLAS's
+# products, not those of dstrain's own kernels (which `auto` runs on AVX-512 CPUs).
 # usage: benchmarks/blas/gemm_shapes.sh [BUILD_DIR] [PRESET] [STEPS] [SEQ] [MICRO] [ROWS]
 #   defaults: build/cpu-release tiny 12 256 8 25
 set -euo pipefail
@@ -28,6 +29,7 @@ DSTRAIN_SGEMM_SHAPES_OUT="$work/shapes" LD_PRELOAD="$(cd "$(dirname "$preload")"
   --set data.text_separator= --set "data.seq_len=$seq" --set "training.micro_batch_size=$micro" \
   --set "training.global_batch_size=$micro" --set "training.max_steps=$steps" \
   --set training.schedule.warmup_steps=1 --set logging.every_steps=1 --set eval.every_steps=0 \
+  --set kernels.host_gemm=blas \
   --set eval.batches=1 --set debug.consistency_every=0 --set "run.output_dir=$work/run" \
   >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
 python3 - "$work" "$preset" "$steps" "$seq" "$micro" "$rows" <<'PY'

@@ -6,7 +6,9 @@
 // The model-shaped cases (tiny preset: d_model 256, ffn 688,
 // qkv 3 * 256, vocab 260, 2048 tokens per micro-batch) show how far the layers' products
 // fall below that peak; BM_sgemm_from_memory runs tiny's and small's layer products with
-// their operands coming from memory, as inside a training step, and again from cache.
+// their operands coming from memory, as inside a training step, and again from cache;
+// BM_layer_product_paired runs the same products from memory through OpenBLAS and through
+// dstrain's own kernel (blocked_gemm), alternately.
 // BM_attention_head and BM_attention_head_paired compare OpenBLAS and dstrain's own kernel
 // on the products of one attention head.
 #include <benchmark/benchmark.h>
@@ -20,7 +22,7 @@
 
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
-#include "blas/small_gemm.hpp"
+#include "blas/own_gemm.hpp"
 
 namespace {
 
@@ -48,6 +50,15 @@ struct Product {
     const std::int64_t lda = ta == Trans::no ? k : m;
     const std::int64_t ldb = tb == Trans::no ? n : k;
     dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, beta, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  // The same product in dstrain's own kernel (beta 0 or 1: written or accumulated).
+  void run_own(float beta) {
+    const std::int64_t lda = ta == Trans::no ? k : m;
+    const std::int64_t ldb = tb == Trans::no ? n : k;
+    dst::blas::blocked_gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, beta != 0.0F, c.data(),
+                            n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
@@ -104,6 +115,12 @@ void evict_caches() {
   benchmark::ClobberMemory();
 }
 
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // A product whose operands come from memory, as a training step's do (each activation and
 // weight was last touched a layer or a step earlier), against the same product at once
 // again with them in cache, as a loop of BM_sgemm runs it. Every iteration evicts the
@@ -128,16 +145,47 @@ void BM_sgemm_from_memory(benchmark::State& state) {
     state.SetIterationTime(cold.back());
     ratio.push_back(cold.back() / warm.back());
   }
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const double flop = p.flops();
-  const double cold_s = median(cold), warm_s = median(warm);
+  const double cold_s = median_of(cold), warm_s = median_of(warm);
   state.counters["GFLOPS_from_memory"] = cold_s > 0 ? 1e-9 * flop / cold_s : 0.0;
   state.counters["GFLOPS_in_cache"] = warm_s > 0 ? 1e-9 * flop / warm_s : 0.0;
-  state.counters["from_memory_over_in_cache"] = median(ratio);
+  state.counters["from_memory_over_in_cache"] = median_of(ratio);
+}
+
+// A layer product from memory (caches evicted before each) through OpenBLAS and through
+// dstrain's kernel, one right after the other in every iteration, the order alternating, so
+// that the host's drift moves both alike. The iteration's time is the own kernel's;
+// counters: each path's median GFLOP/s and blas_over_own, the median over iterations of
+// OpenBLAS's time over the own kernel's (above 1: the own kernel is faster).
+// Args as BM_sgemm_from_memory.
+void BM_layer_product_paired(benchmark::State& state) {
+  if (!dst::blas::own_gemm_supported()) {
+    state.SkipWithError("this CPU has no AVX-512F: there is no own kernel to compare");
+    return;
+  }
+  Product p(state);
+  const float beta = state.range(5) != 0 ? 1.0F : 0.0F;
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> seconds[2], ratio;  // [OpenBLAS, own]
+  bool own_first = false;
+  for (auto _ : state) {
+    double t[2] = {0, 0};
+    for (const bool own : {own_first, !own_first}) {
+      evict_caches();
+      const auto t0 = Clock::now();
+      own ? p.run_own(beta) : p.run(beta);
+      t[own ? 1 : 0] = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    own_first = !own_first;
+    state.SetIterationTime(t[1]);
+    seconds[0].push_back(t[0]);
+    seconds[1].push_back(t[1]);
+    ratio.push_back(t[0] / t[1]);
+  }
+  const double flop = p.flops();
+  state.counters["GFLOPS_blas"] = 1e-9 * flop / median_of(seconds[0]);
+  state.counters["GFLOPS_own"] = 1e-9 * flop / median_of(seconds[1]);
+  state.counters["blas_over_own"] = median_of(ratio);
 }
 
 // The layer products of tiny (2048 tokens per micro-batch) and small (512), with the
@@ -248,7 +296,7 @@ class AttentionHead {
 };
 
 const char* own_label() {
-  return dst::blas::small_gemm_supported() ? "dstrain kernel" : "OpenBLAS (no AVX-512F)";
+  return dst::blas::own_gemm_supported() ? "dstrain kernel" : "OpenBLAS (no AVX-512F)";
 }
 
 // Args: T, H, and 0 (OpenBLAS) or 1 (dstrain's kernel).
@@ -320,6 +368,13 @@ BENCHMARK(BM_sgemm_from_memory)
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime()
     ->Iterations(15)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_layer_product_paired)
+    ->Apply(from_memory_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(16)
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_sgemm)

@@ -2,14 +2,20 @@
 // threaded, reporting tokens/s and model GFLOP/s (the project's FLOPs definition,
 // model/plan.hpp), next to the single-thread SGEMM rate at 2048^3 that defines the CPU
 // peak for MFU. benchmarks/model/mfu.sh runs it and prints MFU = model / peak.
+// BM_forward_backward_paired runs the same pass with the host's products in the BLAS and in
+// dstrain's own kernels (kernels.host_gemm blas / dstrain), one right after the other.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <string>
 #include <vector>
 
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
+#include "blas/own_gemm.hpp"
 #include "config/deck.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
@@ -21,30 +27,47 @@ dst::config::ModelSection preset(const std::string& name) {
   return dst::config::load_deck_text("model: {preset: " + name + "}\n", "benchmark").model;
 }
 
-void forward_backward(benchmark::State& state, const std::string& name, std::int64_t batch) {
-  const auto m = preset(name);
-  const std::int64_t T = m.max_seq_len;
-  dst::model::DenseModel model(m, batch, T, dst::tensor::Arena::Mode::allocate);
-  model.params().initialize(1234);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * T));
-  std::vector<std::int32_t> targets(tokens.size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] =
-        static_cast<std::int32_t>(dst::core::uniform01(1, 1, i) * static_cast<float>(m.vocab_size));
-    targets[i] =
-        static_cast<std::int32_t>(dst::core::uniform01(1, 2, i) * static_cast<float>(m.vocab_size));
+// One model of a preset with its micro-batch of pseudo-random tokens.
+struct Pass {
+  Pass(const std::string& name, std::int64_t batch, dst::tensor::ExecContext ctx = {})
+      : m(preset(name)),
+        T(m.max_seq_len),
+        model(m, batch, T, dst::tensor::Arena::Mode::allocate, ctx),
+        tokens(static_cast<std::size_t>(batch * T)),
+        targets(tokens.size()) {
+    model.params().initialize(1234);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<std::int32_t>(dst::core::uniform01(1, 1, i) *
+                                            static_cast<float>(m.vocab_size));
+      targets[i] = static_cast<std::int32_t>(dst::core::uniform01(1, 2, i) *
+                                             static_cast<float>(m.vocab_size));
+    }
   }
-  const float scale = 1.0f / static_cast<float>(tokens.size());
-  for (auto _ : state) {
+  void run() {
     model.params().zero_grads();
-    benchmark::DoNotOptimize(model.forward_backward(tokens.data(), targets.data(), scale));
+    benchmark::DoNotOptimize(
+        model.forward_backward(tokens.data(), targets.data(), 1.0f / tokens.size()));
   }
-  const double tok = static_cast<double>(tokens.size());
-  const double flops = dst::model::training_flops_per_token(m, T) * tok;
-  state.counters["tokens_per_s"] =
-      benchmark::Counter(tok, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOPs"] =
-      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  void count(benchmark::State& state) const {
+    const double tok = static_cast<double>(tokens.size());
+    const double flops = dst::model::training_flops_per_token(m, T) * tok;
+    state.counters["tokens_per_s"] =
+        benchmark::Counter(tok, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["GFLOPs"] =
+        benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  }
+
+  dst::config::ModelSection m;
+  std::int64_t T;
+  dst::model::DenseModel model;
+  std::vector<std::int32_t> tokens, targets;
+};
+
+void forward_backward(benchmark::State& state, const std::string& name, std::int64_t batch) {
+  Pass pass(name, batch);
+  for (auto _ : state)
+    pass.run();
+  pass.count(state);
 }
 
 void BM_forward_backward_tiny(benchmark::State& s) {
@@ -52,6 +75,42 @@ void BM_forward_backward_tiny(benchmark::State& s) {
 }
 void BM_forward_backward_small(benchmark::State& s) {
   forward_backward(s, "small", s.range(0));
+}
+
+// The same forward + backward with the host's products in the BLAS and in dstrain's own
+// kernels (two models, the same parameters and tokens), one right after the other in every
+// iteration, the order alternating, so that the host's drift (10-30% between minutes on a
+// shared VM) moves both alike. The time and rates reported are the own kernels' pass; the
+// counter blas_over_own is the median over iterations of the BLAS pass's time divided by
+// the own one's (above 1: dstrain's kernels are faster).
+void BM_forward_backward_paired(benchmark::State& state) {
+  if (!dst::blas::own_gemm_supported()) {
+    state.SkipWithError("this CPU has no AVX-512F: there are no own kernels to compare");
+    return;
+  }
+  const std::string name = state.range(0) == 0 ? "tiny" : "small";
+  dst::tensor::ExecContext blas_ctx, own_ctx;
+  blas_ctx.host_gemm = dst::tensor::HostGemm::blas;
+  own_ctx.host_gemm = dst::tensor::HostGemm::own;
+  Pass blas(name, state.range(1), blas_ctx), own(name, state.range(1), own_ctx);
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> ratios;
+  bool own_first = false;
+  for (auto _ : state) {
+    double seconds[2] = {0, 0};  // [BLAS, own]
+    for (const bool is_own : {own_first, !own_first}) {
+      const auto t0 = Clock::now();
+      (is_own ? own : blas).run();
+      seconds[is_own ? 1 : 0] = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    own_first = !own_first;
+    state.SetIterationTime(seconds[1]);
+    ratios.push_back(seconds[0] / seconds[1]);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  own.count(state);
+  state.counters["blas_over_own"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  state.SetLabel(name);
 }
 
 // The CPU peak definition: single-thread SGEMM, 2048^3.
@@ -73,6 +132,13 @@ void BM_sgemm_peak(benchmark::State& state) {
 BENCHMARK(BM_sgemm_peak)->Arg(2048)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_forward_backward_tiny)->Arg(8)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_forward_backward_small)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+// Args: preset (0 tiny, 1 small), micro-batch.
+BENCHMARK(BM_forward_backward_paired)
+    ->ArgNames({"small", "batch"})
+    ->Args({0, 8})
+    ->Args({1, 4})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 
 int main(int argc, char** argv) {
   dst::blas::select_host_kernels(argv);  // the kernels dstrain runs with (host_blas.hpp)

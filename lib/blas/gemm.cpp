@@ -5,7 +5,8 @@
 /// calls with the same messages and a vendor library never sees a bad argument (OpenBLAS
 /// would print an xerbla line and silently return; cuBLAS would return a status code).
 #include "blas/gemm.hpp"
-#include "blas/small_gemm.hpp"
+#include "blas/host_blas.hpp"
+#include "blas/own_gemm.hpp"
 
 #include <cblas.h>
 
@@ -140,6 +141,45 @@ void host_gemm(const char* call, Trans ta, Trans tb, std::int64_t m, std::int64_
   cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), static_cast<int>(m),
               static_cast<int>(n), static_cast<int>(k), alpha, a, cblas_ld(lda), b, cblas_ld(ldb),
               beta, c, cblas_ld(ldc));
+}
+
+// ---- who runs a host product (ExecContext::host_gemm) -------------------------------
+
+bool own_kernels_required(const char* call, const ExecContext& ctx) {
+  if (ctx.host_gemm != tensor::HostGemm::own) return false;
+  if (!own_gemm_supported())
+    fail(call,
+         "kernels.host_gemm is 'dstrain' but this CPU has no AVX-512F, which dstrain's own "
+         "kernels need: use 'auto' or 'blas'");
+  return true;
+}
+
+// Attention's small products: dstrain's kernel wherever the CPU has AVX-512F (OpenBLAS
+// threads do not help products this small).
+bool own_small_products(const char* call, const ExecContext& ctx) {
+  if (ctx.backend != Backend::kokkos || ctx.host_gemm == tensor::HostGemm::blas) return false;
+  return own_kernels_required(call, ctx) || own_gemm_supported();
+}
+
+// The dense layers' products: dstrain's kernel on one thread, so under `automatic` only
+// while the host BLAS also computes on one (the CPU layout: one rank per core). A user who
+// gives OpenBLAS threads (OPENBLAS_NUM_THREADS) keeps them.
+bool own_layer_products(const char* call, const ExecContext& ctx) {
+  if (ctx.backend != Backend::kokkos || ctx.host_gemm == tensor::HostGemm::blas) return false;
+  if (own_kernels_required(call, ctx)) return true;
+  return own_gemm_supported() && host_blas_threads() <= 1;
+}
+
+// The dense layers' products: C = op(A) op(B) (+ C) with alpha = 1, checked by the caller.
+void layer_product(const char* call, const ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                   std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
+  if (own_layer_products(call, ctx)) {
+    check_gemm(call, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    blocked_gemm(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    return;
+  }
+  gemm(ctx, ta, tb, m, n, k, 1.0F, a, lda, b, ldb, accumulate ? 1.0F : 0.0F, c, ldc);
 }
 
 #if !DST_BLAS_CUDA
@@ -285,7 +325,7 @@ void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans 
   constexpr const char* kCall = "blas::small_gemm_strided_batched";
   const auto ops = detail::check_gemm(kCall, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
   detail::check_batch(kCall, ops, stride_a, stride_b, stride_c, batch);
-  if (ctx.backend == tensor::Backend::cuda || !small_gemm_supported()) {
+  if (!detail::own_small_products(kCall, ctx)) {
     gemm_strided_batched(ctx, ta, tb, m, n, k, 1.0F, a, lda, stride_a, b, ldb, stride_b,
                          accumulate ? 1.0F : 0.0F, c, ldc, stride_c, batch);
     return;
@@ -309,8 +349,8 @@ void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,
   detail::check_disjoint(kCall, "y", y, "w", w);
   const std::int64_t rows = detail::leading_rows(x.shape);
   // y (N, out) = x (N, in) * W^T, W (out, in)
-  gemm(ctx, Trans::no, Trans::yes, rows, out, in, 1.0F, x.ptr<float>(), in, w.ptr<float>(), in,
-       0.0F, y.ptr<float>(), out);
+  detail::layer_product(kCall, ctx, Trans::no, Trans::yes, rows, out, in, x.ptr<float>(), in,
+                        w.ptr<float>(), in, false, y.ptr<float>(), out);
 }
 
 void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
@@ -330,8 +370,8 @@ void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
     detail::check_disjoint(kCall, "dx", dx, "dy", dy);
     detail::check_disjoint(kCall, "dx", dx, "w", w);
     // dx (N, in) = dy (N, out) * W (out, in)
-    gemm(ctx, Trans::no, Trans::no, rows, in, out, 1.0F, dy.ptr<float>(), out, w.ptr<float>(), in,
-         accumulate_dx ? 1.0F : 0.0F, dx.ptr<float>(), in);
+    detail::layer_product(kCall, ctx, Trans::no, Trans::no, rows, in, out, dy.ptr<float>(), out,
+                          w.ptr<float>(), in, accumulate_dx, dx.ptr<float>(), in);
   }
   if (!dw.empty()) {
     detail::check_linear_tensor(kCall, "x", x, ctx);
@@ -342,9 +382,21 @@ void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
     detail::check_disjoint(kCall, "dw", dw, "dy", dy);
     detail::check_disjoint(kCall, "dw", dw, "x", x);
     // dW (out, in) += dy^T (out, N) * x (N, in)
-    gemm(ctx, Trans::yes, Trans::no, out, in, rows, 1.0F, dy.ptr<float>(), out, x.ptr<float>(), in,
-         1.0F, dw.ptr<float>(), in);
+    detail::layer_product(kCall, ctx, Trans::yes, Trans::no, out, in, rows, dy.ptr<float>(), out,
+                          x.ptr<float>(), in, true, dw.ptr<float>(), in);
   }
+}
+
+std::string describe_host_products(const tensor::ExecContext& ctx) {
+  constexpr const char* kCall = "blas::describe_host_products";
+  if (ctx.backend != tensor::Backend::kokkos) return "on the device (cuBLASLt)";
+  const std::string own = "dstrain's AVX-512 kernel";
+  const int threads = host_blas_threads();
+  const std::string blas =
+      "the host BLAS" +
+      (threads > 1 ? " (" + std::to_string(threads) + " threads)" : std::string());
+  return "dense layers: " + (detail::own_layer_products(kCall, ctx) ? own : blas) +
+         "; attention: " + (detail::own_small_products(kCall, ctx) ? own : blas);
 }
 
 }  // namespace dst::blas

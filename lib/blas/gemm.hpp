@@ -6,6 +6,7 @@
 /// one place.
 
 #include <cstdint>
+#include <string>
 
 #include "tensor/context.hpp"
 #include "tensor/tensor.hpp"
@@ -31,10 +32,10 @@ void gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, st
 /// gemm_strided_batched with alpha = 1 and beta = 0, or beta = 1 when `accumulate`, for
 /// products of a few hundred rows and columns at most, such as attention's (one query
 /// block of one head). On a host CPU with AVX-512F they run in dstrain's own kernel
-/// (small_gemm.hpp: register tiles over op(B) copied into 64-column panels, op(A) read in
-/// place; each element one fused multiply-add chain in ascending k, the same bits on every
-/// such CPU and build); elsewhere (a GPU, an older CPU) as
-/// gemm_strided_batched. The same argument checks and errors as gemm_strided_batched.
+/// (own_gemm.hpp, small_gemm: each element one fused multiply-add chain in ascending k, the
+/// same bits on every such CPU and build) unless ctx.host_gemm is blas; elsewhere (a GPU,
+/// an older CPU) as gemm_strided_batched. The same argument checks and errors as
+/// gemm_strided_batched.
 void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
                                 std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
                                 std::int64_t stride_a, const float* b, std::int64_t ldb,
@@ -43,6 +44,9 @@ void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans 
 
 /// The model's dense layers, on tensors whose leading dimensions flatten to rows:
 /// y (N, out) = x (N, in) * W^T, W (out, in) as PyTorch's nn.Linear stores it.
+/// On the host their products run in dstrain's own kernel (own_gemm.hpp, blocked_gemm)
+/// where ctx.host_gemm says so (automatic: on a CPU with AVX-512F while the host BLAS runs
+/// one thread; own: always, and an error without AVX-512F), else in the host BLAS.
 void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,
                     const tensor::Tensor& w, const tensor::Tensor& y);
 /// dx (N, in) = dy (N, out) * W  (written, or accumulated if accumulate_dx);
@@ -51,5 +55,11 @@ void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,
 void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
                      const tensor::Tensor& x, const tensor::Tensor& w, const tensor::Tensor& dx,
                      const tensor::Tensor& dw, bool accumulate_dx = false);
+
+/// Who runs the host's products under ctx, for the start-up log: "dense layers: dstrain's
+/// AVX-512 kernel; attention: dstrain's AVX-512 kernel", or the BLAS where it runs them.
+/// Throws dst::Error, as the products themselves would, when ctx.host_gemm is own on a CPU
+/// without AVX-512F.
+std::string describe_host_products(const tensor::ExecContext& ctx);
 
 }  // namespace dst::blas

@@ -12,6 +12,7 @@
 extern "C" {
 char* openblas_get_config(void) __attribute__((weak));
 char* openblas_get_corename(void) __attribute__((weak));
+int openblas_get_num_threads(void) __attribute__((weak));
 }
 
 namespace dst::blas {
@@ -64,6 +65,10 @@ std::string HostBlas::describe() const {
     s += ")";
   }
   return s;
+}
+
+int host_blas_threads() {
+  return openblas_get_num_threads ? openblas_get_num_threads() : 0;
 }
 
 HostBlas host_blas() {

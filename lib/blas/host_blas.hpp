@@ -27,6 +27,10 @@ struct HostBlas {
 
 HostBlas host_blas();
 
+/// The threads the host BLAS computes a product with (openblas_get_num_threads), or 0 when
+/// the library does not say (another CBLAS).
+int host_blas_threads();
+
 /// True for the OpenBLAS kernel families (openblas_get_corename() names) that use neither
 /// AVX2 nor AVX-512: what a DYNAMIC_ARCH build falls back to on a model it does not know.
 bool pre_avx2_family(std::string_view kernels);

@@ -86,7 +86,8 @@ struct ParallelSection {
 };
 
 struct KernelsSection {
-  std::string backend = "auto";  ///< auto | kokkos | cuda
+  std::string backend = "auto";    ///< auto | kokkos | cuda
+  std::string host_gemm = "auto";  ///< auto | blas | dstrain
 };
 
 struct CheckpointSection {

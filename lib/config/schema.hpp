@@ -294,6 +294,14 @@ void visit_kernels(V& v, S&... s) {
   v.section("kernels", "Compute kernels.");
   v.field("kernels.backend", Spec("Kernel back end.").one_of({"auto", "kokkos", "cuda"}),
           s.backend...);
+  v.field("kernels.host_gemm",
+          Spec("Who runs the matrix products on the host: auto = dstrain's own AVX-512 kernels "
+               "where the CPU has AVX-512F (the dense layers' only while the host BLAS runs one "
+               "thread), else the BLAS; blas = OpenBLAS for every product; dstrain = dstrain's "
+               "kernels (an error on a CPU without AVX-512F). Same bits on every CPU that runs "
+               "them (docs/performance.md).")
+              .one_of({"auto", "blas", "dstrain"}),
+          s.host_gemm...);
 }
 
 template <class V, class... S>

@@ -19,6 +19,15 @@ constexpr std::string_view backend_name(Backend b) {
   return b == Backend::cuda ? "cuda" : "kokkos";
 }
 
+/// Who runs the host's matrix products (kernels.host_gemm): the host BLAS (OpenBLAS), or
+/// dstrain's own AVX-512 kernels (blas/own_gemm.hpp). Ignored on the CUDA back end.
+enum class HostGemm : std::uint8_t {
+  automatic,  ///< dstrain's kernels where the CPU has AVX-512F; the dense layers' only while
+              ///< the host BLAS runs one thread (a multi-threaded BLAS keeps them)
+  blas,       ///< every host product in the BLAS
+  own,        ///< dstrain's kernels for every product they serve (needs AVX-512F)
+};
+
 struct ExecContext {
   Backend backend = Backend::kokkos;
   void* stream = nullptr;  ///< cudaStream_t on the CUDA back end; unused by Kokkos Serial
@@ -29,6 +38,7 @@ struct ExecContext {
   /// uses tensor cores in bf16 / f16 with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF
   /// / _16F), and true fp32 products for f32.
   DType math = DType::f32;
+  HostGemm host_gemm = HostGemm::automatic;
 };
 
 }  // namespace dst::tensor

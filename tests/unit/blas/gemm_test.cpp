@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "blas/gemm.hpp"
+#include "blas/own_gemm.hpp"
 #include "core/error.hpp"
 #include "error_of.hpp"
 
@@ -260,11 +261,8 @@ struct LinearData {
   std::vector<float> dy = random_vec(N * out, gen);  // (B, T, out)
 };
 
-TEST(Linear, ForwardIsXTimesWTransposed) {
-  LinearData d;
-  std::vector<float> y(LinearData::N * LinearData::out, -7.0F);  // (B, T, out)
-  dst::blas::linear_forward(kHost, host_f32(d.x, {2, 3, 5}), host_f32(d.w, {4, 5}),
-                            host_f32(y, {2, 3, 4}));
+// y = x W^T against the double-precision reference.
+void expect_forward(const LinearData& d, const std::vector<float>& y) {
   std::vector<double> ref(y.size()), mag(y.size());
   for (std::int64_t r = 0; r < LinearData::N; ++r)
     for (std::int64_t o = 0; o < LinearData::out; ++o)
@@ -276,15 +274,42 @@ TEST(Linear, ForwardIsXTimesWTransposed) {
   expect_close(y, ref, mag, LinearData::in, "y");
 }
 
+// The layers through each host path: the BLAS, and dstrain's own kernel where the CPU has
+// AVX-512F (own_gemm_test checks that kernel's bits; these its place in the layers).
+std::vector<ExecContext> layer_contexts() {
+  ExecContext blas, own;
+  blas.host_gemm = dst::tensor::HostGemm::blas;
+  own.host_gemm = dst::tensor::HostGemm::own;
+  if (!dst::blas::own_gemm_supported()) return {blas};
+  return {blas, own};
+}
+
+std::string context_name(const ExecContext& ctx) {
+  return ctx.host_gemm == dst::tensor::HostGemm::blas ? "kernels.host_gemm blas"
+                                                      : "kernels.host_gemm dstrain";
+}
+
+TEST(Linear, ForwardIsXTimesWTransposed) {
+  for (const ExecContext& ctx : layer_contexts()) {
+    SCOPED_TRACE(context_name(ctx));
+    LinearData d;
+    std::vector<float> y(LinearData::N * LinearData::out, -7.0F);  // (B, T, out)
+    dst::blas::linear_forward(ctx, host_f32(d.x, {2, 3, 5}), host_f32(d.w, {4, 5}),
+                              host_f32(y, {2, 3, 4}));
+    expect_forward(d, y);
+  }
+}
+
 // dx (N, in) = dy W [+ dx0]; dW (out, in) = dW0 + dy^T x.
-void run_backward(bool accumulate_dx, bool with_dx, bool with_dw) {
+void run_backward(const ExecContext& ctx, bool accumulate_dx, bool with_dx, bool with_dw) {
+  SCOPED_TRACE(context_name(ctx));
   LinearData d;
   std::mt19937 gen(41);
   std::vector<float> dx0 = random_vec(LinearData::N * LinearData::in, gen);
   std::vector<float> dw0 = random_vec(LinearData::out * LinearData::in, gen);
   std::vector<float> dx = dx0, dw = dw0;
   dst::blas::linear_backward(
-      kHost, host_f32(d.dy, {2, 3, 4}), host_f32(d.x, {2, 3, 5}), host_f32(d.w, {4, 5}),
+      ctx, host_f32(d.dy, {2, 3, 4}), host_f32(d.x, {2, 3, 5}), host_f32(d.w, {4, 5}),
       with_dx ? host_f32(dx, {2, 3, 5}) : Tensor{nullptr, {2, 3, 5}},
       with_dw ? host_f32(dw, {4, 5}) : Tensor{nullptr, {4, 5}}, accumulate_dx);
   std::vector<double> rdx(dx.size()), mdx(dx.size()), rdw(dw.size()), mdw(dw.size());
@@ -317,16 +342,20 @@ void run_backward(bool accumulate_dx, bool with_dx, bool with_dw) {
 }
 
 TEST(Linear, BackwardWritesDxAndAccumulatesDw) {
-  run_backward(false, true, true);
+  for (const ExecContext& ctx : layer_contexts())
+    run_backward(ctx, false, true, true);
 }
 TEST(Linear, BackwardAccumulatesDxOnRequest) {
-  run_backward(true, true, true);
+  for (const ExecContext& ctx : layer_contexts())
+    run_backward(ctx, true, true, true);
 }
 TEST(Linear, BackwardSkipsEmptyDx) {
-  run_backward(false, false, true);
+  for (const ExecContext& ctx : layer_contexts())
+    run_backward(ctx, false, false, true);
 }
 TEST(Linear, BackwardSkipsEmptyDw) {
-  run_backward(false, true, false);
+  for (const ExecContext& ctx : layer_contexts())
+    run_backward(ctx, false, true, false);
 }
 
 // ---- errors ----------------------------------------------------------------------

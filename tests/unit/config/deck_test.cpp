@@ -309,6 +309,7 @@ TEST(DeckErrors, EnumValuesListAllowed) {
   EXPECT_TRUE(Contains(load_error("parallel:\n  backend: gloo\n"),
                        "parallel.backend: expected one of auto, mpi, shm, nccl, got 'gloo'"));
   EXPECT_TRUE(Contains(load_error("kernels:\n  backend: hip\n"), "auto, kokkos, cuda"));
+  EXPECT_TRUE(Contains(load_error("kernels:\n  host_gemm: mkl\n"), "auto, blas, dstrain"));
   EXPECT_TRUE(Contains(load_error("debug:\n  nan_policy: ignore\n"), "abort, skip"));
   EXPECT_TRUE(Contains(load_error("training:\n  optimizer: {type: sgd}\n"), "one of adamw"));
   EXPECT_TRUE(Contains(load_error("training:\n  schedule: {world_size_scaling: log}\n"),
@@ -660,6 +661,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "parallel.timeout_s=30",
     "parallel.init_timeout_s=45.5",
     "kernels.backend=cuda",
+    "kernels.host_gemm=blas",
     "checkpoint.every_steps=0",
     "checkpoint.keep_last=1",
     "checkpoint.resume=/ckpt/step-100",
