@@ -161,20 +161,26 @@ bool own_small_products(const char* call, const ExecContext& ctx) {
   return own_kernels_required(call, ctx) || own_gemm_supported();
 }
 
-// The dense layers' products: dstrain's kernel on one thread, so under `automatic` only
-// while the host BLAS also computes on one (the CPU layout: one rank per core). A user who
-// gives OpenBLAS threads (OPENBLAS_NUM_THREADS) keeps them.
-bool own_layer_products(const char* call, const ExecContext& ctx) {
+// The dense layers' products: under `own` all of them in dstrain's kernel. Under
+// `automatic` the forward and input-gradient products (C written, or accumulated over a
+// short k) but not the weight gradients (dW += dy^T x, k = the micro-batch's tokens): OpenBLAS
+// clears C before a beta = 0 product and dstrain's kernel does not, which is where it wins;
+// a weight gradient accumulates (beta = 1, nothing cleared), and there OpenBLAS was the
+// faster (BM_layer_product_paired, docs/performance.md). And only while the host BLAS
+// computes on one thread, as dstrain's kernel does (the CPU layout: one rank per core): a
+// user who gives OpenBLAS threads (OPENBLAS_NUM_THREADS) keeps them.
+bool own_layer_products(const char* call, const ExecContext& ctx, bool weight_gradient) {
   if (ctx.backend != Backend::kokkos || ctx.host_gemm == tensor::HostGemm::blas) return false;
   if (own_kernels_required(call, ctx)) return true;
-  return own_gemm_supported() && host_blas_threads() <= 1;
+  return !weight_gradient && own_gemm_supported() && host_blas_threads() <= 1;
 }
 
 // The dense layers' products: C = op(A) op(B) (+ C) with alpha = 1, checked by the caller.
-void layer_product(const char* call, const ExecContext& ctx, Trans ta, Trans tb, std::int64_t m,
-                   std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                   std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
-  if (own_layer_products(call, ctx)) {
+void layer_product(const char* call, const ExecContext& ctx, bool weight_gradient, Trans ta,
+                   Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                   std::int64_t lda, const float* b, std::int64_t ldb, bool accumulate, float* c,
+                   std::int64_t ldc) {
+  if (own_layer_products(call, ctx, weight_gradient)) {
     check_gemm(call, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
     blocked_gemm(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
     return;
@@ -349,7 +355,7 @@ void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,
   detail::check_disjoint(kCall, "y", y, "w", w);
   const std::int64_t rows = detail::leading_rows(x.shape);
   // y (N, out) = x (N, in) * W^T, W (out, in)
-  detail::layer_product(kCall, ctx, Trans::no, Trans::yes, rows, out, in, x.ptr<float>(), in,
+  detail::layer_product(kCall, ctx, false, Trans::no, Trans::yes, rows, out, in, x.ptr<float>(), in,
                         w.ptr<float>(), in, false, y.ptr<float>(), out);
 }
 
@@ -370,8 +376,8 @@ void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
     detail::check_disjoint(kCall, "dx", dx, "dy", dy);
     detail::check_disjoint(kCall, "dx", dx, "w", w);
     // dx (N, in) = dy (N, out) * W (out, in)
-    detail::layer_product(kCall, ctx, Trans::no, Trans::no, rows, in, out, dy.ptr<float>(), out,
-                          w.ptr<float>(), in, accumulate_dx, dx.ptr<float>(), in);
+    detail::layer_product(kCall, ctx, false, Trans::no, Trans::no, rows, in, out, dy.ptr<float>(),
+                          out, w.ptr<float>(), in, accumulate_dx, dx.ptr<float>(), in);
   }
   if (!dw.empty()) {
     detail::check_linear_tensor(kCall, "x", x, ctx);
@@ -382,8 +388,8 @@ void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
     detail::check_disjoint(kCall, "dw", dw, "dy", dy);
     detail::check_disjoint(kCall, "dw", dw, "x", x);
     // dW (out, in) += dy^T (out, N) * x (N, in)
-    detail::layer_product(kCall, ctx, Trans::yes, Trans::no, out, in, rows, dy.ptr<float>(), out,
-                          x.ptr<float>(), in, true, dw.ptr<float>(), in);
+    detail::layer_product(kCall, ctx, true, Trans::yes, Trans::no, out, in, rows, dy.ptr<float>(),
+                          out, x.ptr<float>(), in, true, dw.ptr<float>(), in);
   }
 }
 
@@ -395,7 +401,12 @@ std::string describe_host_products(const tensor::ExecContext& ctx) {
   const std::string blas =
       "the host BLAS" +
       (threads > 1 ? " (" + std::to_string(threads) + " threads)" : std::string());
-  return "dense layers: " + (detail::own_layer_products(kCall, ctx) ? own : blas) +
+  const std::string layers = detail::own_layer_products(kCall, ctx, false) ? own : blas;
+  const std::string grads = detail::own_layer_products(kCall, ctx, true) ? own : blas;
+  return "dense layers: " +
+         (layers == grads
+              ? layers
+              : layers + " (forward, input gradients), " + grads + " (weight gradients)") +
          "; attention: " + (detail::own_small_products(kCall, ctx) ? own : blas);
 }
 

@@ -45,8 +45,10 @@ void small_gemm_strided_batched(const tensor::ExecContext& ctx, Trans ta, Trans 
 /// The model's dense layers, on tensors whose leading dimensions flatten to rows:
 /// y (N, out) = x (N, in) * W^T, W (out, in) as PyTorch's nn.Linear stores it.
 /// On the host their products run in dstrain's own kernel (own_gemm.hpp, blocked_gemm)
-/// where ctx.host_gemm says so (automatic: on a CPU with AVX-512F while the host BLAS runs
-/// one thread; own: always, and an error without AVX-512F), else in the host BLAS.
+/// where ctx.host_gemm says so, else in the host BLAS: own, every product (an error without
+/// AVX-512F); automatic, on a CPU with AVX-512F while the host BLAS runs one thread, the
+/// forward and dx products but not dW (accumulated, where OpenBLAS clears nothing first
+/// and measured faster: docs/performance.md).
 void linear_forward(const tensor::ExecContext& ctx, const tensor::Tensor& x,
                     const tensor::Tensor& w, const tensor::Tensor& y);
 /// dx (N, in) = dy (N, out) * W  (written, or accumulated if accumulate_dx);
@@ -56,8 +58,9 @@ void linear_backward(const tensor::ExecContext& ctx, const tensor::Tensor& dy,
                      const tensor::Tensor& x, const tensor::Tensor& w, const tensor::Tensor& dx,
                      const tensor::Tensor& dw, bool accumulate_dx = false);
 
-/// Who runs the host's products under ctx, for the start-up log: "dense layers: dstrain's
-/// AVX-512 kernel; attention: dstrain's AVX-512 kernel", or the BLAS where it runs them.
+/// Who runs the host's products under ctx, for the start-up log, e.g. "dense layers:
+/// dstrain's AVX-512 kernel (forward, input gradients), the host BLAS (weight gradients);
+/// attention: dstrain's AVX-512 kernel".
 /// Throws dst::Error, as the products themselves would, when ctx.host_gemm is own on a CPU
 /// without AVX-512F.
 std::string describe_host_products(const tensor::ExecContext& ctx);

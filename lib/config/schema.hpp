@@ -296,10 +296,12 @@ void visit_kernels(V& v, S&... s) {
           s.backend...);
   v.field("kernels.host_gemm",
           Spec("Who runs the matrix products on the host: auto = dstrain's own AVX-512 kernels "
-               "where the CPU has AVX-512F (the dense layers' only while the host BLAS runs one "
-               "thread), else the BLAS; blas = OpenBLAS for every product; dstrain = dstrain's "
-               "kernels (an error on a CPU without AVX-512F). Same bits on every CPU that runs "
-               "them (docs/performance.md).")
+               "where the CPU has AVX-512F for attention and for the dense layers' forward and "
+               "input-gradient products (those only while the host BLAS runs one thread), "
+               "OpenBLAS for the rest (weight gradients); blas = OpenBLAS for every product; "
+               "dstrain = dstrain's kernels for every product (an error on a CPU without "
+               "AVX-512F). dstrain's kernels give the same bits on every CPU that runs them "
+               "(docs/performance.md).")
               .one_of({"auto", "blas", "dstrain"}),
           s.host_gemm...);
 }

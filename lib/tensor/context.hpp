@@ -22,8 +22,9 @@ constexpr std::string_view backend_name(Backend b) {
 /// Who runs the host's matrix products (kernels.host_gemm): the host BLAS (OpenBLAS), or
 /// dstrain's own AVX-512 kernels (blas/own_gemm.hpp). Ignored on the CUDA back end.
 enum class HostGemm : std::uint8_t {
-  automatic,  ///< dstrain's kernels where the CPU has AVX-512F; the dense layers' only while
-              ///< the host BLAS runs one thread (a multi-threaded BLAS keeps them)
+  automatic,  ///< dstrain's kernels where the CPU has AVX-512F: attention's products, and the
+              ///< dense layers' forward and input-gradient products while the host BLAS runs
+              ///< one thread; the weight gradients in the BLAS
   blas,       ///< every host product in the BLAS
   own,        ///< dstrain's kernels for every product they serve (needs AVX-512F)
 };

@@ -183,9 +183,10 @@ TEST_F(BlockedGemm, EmptyProductsTouchNothingAndKZeroWritesZeros) {
   expect_empty_products_touch_nothing(dst::blas::blocked_gemm);
 }
 
-// What kernels.host_gemm decides (ExecContext::host_gemm): the dense layers and attention's
-// products give exactly the bits of dstrain's kernels, or of the BLAS. The two differ here
-// (the BLAS sums k in blocks into C), so a switch that did nothing would fail.
+// What kernels.host_gemm decides (ExecContext::host_gemm): the dense layers' products (the
+// forward and the weight gradient) and attention's give exactly the bits of dstrain's
+// kernels, or of the BLAS. The two differ here (the BLAS sums k in blocks into C), so a
+// switch that did nothing would fail.
 TEST_F(OwnGemm, LayersAndAttentionRunWhereHostGemmSays) {
   using dst::tensor::ExecContext;
   using dst::tensor::HostGemm;
@@ -218,6 +219,23 @@ TEST_F(OwnGemm, LayersAndAttentionRunWhereHostGemmSays) {
                                           0, ws.data(), in, 0, false, y.data(), out, 0, 1);
     return y;
   };
+  // dW (out, in) += dy^T x: the weight gradient, dy (rows, out) and x (rows, in) as above
+  // with rows as k; dW starts from w.
+  auto weight_gradient = [&](HostGemm who) {
+    ExecContext ctx;
+    ctx.host_gemm = who;
+    std::vector<float> dy(static_cast<std::size_t>(in * out)), dw = ws;  // dy: (in, out)
+    for (std::size_t i = 0; i < dy.size(); ++i)
+      dy[i] = xs[i % xs.size()] * 0.5F;
+    std::vector<float> x2(static_cast<std::size_t>(in * in));
+    for (std::size_t i = 0; i < x2.size(); ++i)
+      x2[i] = xs[(i * 7) % xs.size()];
+    dst::blas::linear_backward(ctx, Tensor{dy.data(), {in, out}, dst::DType::f32},
+                               Tensor{x2.data(), {in, in}, dst::DType::f32},
+                               Tensor{ws.data(), {out, in}, dst::DType::f32}, Tensor{},
+                               Tensor{dw.data(), {out, in}, dst::DType::f32});
+    return dw;
+  };
   std::vector<float> own(static_cast<std::size_t>(rows * out)), small(own.size()), blas(own.size());
   dst::blas::blocked_gemm(Trans::no, Trans::yes, rows, out, in, xs.data(), in, ws.data(), in, false,
                           own.data(), out);
@@ -234,16 +252,28 @@ TEST_F(OwnGemm, LayersAndAttentionRunWhereHostGemmSays) {
   EXPECT_EQ(attention(HostGemm::own), small);
   EXPECT_EQ(attention(HostGemm::automatic), small);
   EXPECT_EQ(attention(HostGemm::blas), blas);
-  // automatic: the layers in dstrain's kernel while the BLAS computes on one thread.
+  // automatic: the forward (and dx) products in dstrain's kernel while the BLAS computes on
+  // one thread; the weight gradients always in the BLAS.
   const bool one_thread = dst::blas::host_blas_threads() <= 1;
   EXPECT_EQ(forward(HostGemm::automatic), one_thread ? own : blas);
+  const std::vector<float> dw_own = weight_gradient(HostGemm::own);
+  const std::vector<float> dw_blas = weight_gradient(HostGemm::blas);
+  ASSERT_NE(dw_own, dw_blas) << "the weight gradient's two paths gave the same bits";
+  EXPECT_EQ(weight_gradient(HostGemm::automatic), dw_blas);
   ExecContext automatic;
+  const std::string blas_name =
+      one_thread ? "the host BLAS"
+                 : "the host BLAS (" + std::to_string(dst::blas::host_blas_threads()) + " threads)";
   EXPECT_EQ(dst::blas::describe_host_products(automatic),
-            std::string("dense layers: ") +
-                (one_thread ? "dstrain's AVX-512 kernel"
-                            : "the host BLAS (" + std::to_string(dst::blas::host_blas_threads()) +
-                                  " threads)") +
+            "dense layers: " +
+                (one_thread ? "dstrain's AVX-512 kernel (forward, input gradients), " + blas_name +
+                                  " (weight gradients)"
+                            : blas_name) +
                 "; attention: dstrain's AVX-512 kernel");
+  ExecContext all_own;
+  all_own.host_gemm = HostGemm::own;
+  EXPECT_EQ(dst::blas::describe_host_products(all_own),
+            "dense layers: dstrain's AVX-512 kernel; attention: dstrain's AVX-512 kernel");
 }
 
 // Checked before any kernel runs, with or without AVX-512, under the entry's own name.
