@@ -23,6 +23,7 @@
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
 #include "blas/own_gemm.hpp"
+#include "common/paired.hpp"
 
 namespace {
 
@@ -115,11 +116,7 @@ void evict_caches() {
   benchmark::ClobberMemory();
 }
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using dst::bench::median_of;
 
 // A product whose operands come from memory, as a training step's do (each activation and
 // weight was last touched a layer or a step earlier), against the same product at once
@@ -165,27 +162,12 @@ void BM_layer_product_paired(benchmark::State& state) {
   }
   Product p(state);
   const float beta = state.range(5) != 0 ? 1.0F : 0.0F;
-  using Clock = std::chrono::steady_clock;
-  std::vector<double> seconds[2], ratio;  // [OpenBLAS, own]
-  bool own_first = false;
-  for (auto _ : state) {
-    double t[2] = {0, 0};
-    for (const bool own : {own_first, !own_first}) {
-      evict_caches();
-      const auto t0 = Clock::now();
-      own ? p.run_own(beta) : p.run(beta);
-      t[own ? 1 : 0] = std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    own_first = !own_first;
-    state.SetIterationTime(t[1]);
-    seconds[0].push_back(t[0]);
-    seconds[1].push_back(t[1]);
-    ratio.push_back(t[0] / t[1]);
-  }
+  const dst::bench::PairedTimes t = dst::bench::run_paired(
+      state, [&] { p.run(beta); }, [&] { p.run_own(beta); }, evict_caches);
   const double flop = p.flops();
-  state.counters["GFLOPS_blas"] = 1e-9 * flop / median_of(seconds[0]);
-  state.counters["GFLOPS_own"] = 1e-9 * flop / median_of(seconds[1]);
-  state.counters["blas_over_own"] = median_of(ratio);
+  state.counters["GFLOPS_blas"] = 1e-9 * flop / median_of(t.baseline);
+  state.counters["GFLOPS_own"] = 1e-9 * flop / median_of(t.candidate);
+  state.counters["blas_over_own"] = t.median_ratio();
 }
 
 // The layer products of tiny (2048 tokens per micro-batch) and small (512), with the
@@ -316,22 +298,9 @@ void BM_attention_head(benchmark::State& state) {
 // the median over iterations of OpenBLAS's pass time divided by the kernel's.
 void BM_attention_head_paired(benchmark::State& state) {
   AttentionHead head(state.range(0), state.range(1));
-  using Clock = std::chrono::steady_clock;
-  std::vector<double> ratios;
-  bool own_first = false;
-  for (auto _ : state) {
-    double seconds[2] = {0, 0};  // [OpenBLAS, own]
-    for (const bool own : {own_first, !own_first}) {
-      const auto t0 = Clock::now();
-      head.pass(own);
-      seconds[own ? 1 : 0] = std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    own_first = !own_first;
-    state.SetIterationTime(seconds[1]);
-    ratios.push_back(seconds[0] / seconds[1]);
-  }
-  std::sort(ratios.begin(), ratios.end());
-  state.counters["openblas_over_own"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  const dst::bench::PairedTimes t = dst::bench::run_paired(
+      state, [&] { head.pass(false); }, [&] { head.pass(true); });
+  state.counters["openblas_over_own"] = t.median_ratio();
   state.counters["GFLOPS"] =
       benchmark::Counter(1e-9 * head.flops(), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(own_label());

@@ -17,6 +17,7 @@
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
 #include "blas/own_gemm.hpp"
+#include "common/paired.hpp"
 #include "config/deck.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
@@ -96,23 +97,10 @@ void BM_forward_backward_paired(benchmark::State& state) {
   blas_ctx.host_gemm = dst::tensor::HostGemm::blas;
   auto_ctx.host_gemm = dst::tensor::HostGemm::automatic;
   Pass blas(name, state.range(1), blas_ctx), automatic(name, state.range(1), auto_ctx);
-  using Clock = std::chrono::steady_clock;
-  std::vector<double> ratios;
-  bool auto_first = false;
-  for (auto _ : state) {
-    double seconds[2] = {0, 0};  // [blas, auto]
-    for (const bool is_auto : {auto_first, !auto_first}) {
-      const auto t0 = Clock::now();
-      (is_auto ? automatic : blas).run();
-      seconds[is_auto ? 1 : 0] = std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    auto_first = !auto_first;
-    state.SetIterationTime(seconds[1]);
-    ratios.push_back(seconds[0] / seconds[1]);
-  }
-  std::sort(ratios.begin(), ratios.end());
+  const dst::bench::PairedTimes t = dst::bench::run_paired(
+      state, [&] { blas.run(); }, [&] { automatic.run(); });
   automatic.count(state);
-  state.counters["blas_over_auto"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  state.counters["blas_over_auto"] = t.median_ratio();
   state.SetLabel(name + ": " + dst::blas::describe_host_products(auto_ctx));
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 /// \file gemm.hpp
-/// Matrix products, one entry for every back end: host memory goes to CBLAS (OpenBLAS),
-/// CUDA memory to cuBLAS/cuBLASLt (DSTRAIN_ENABLE_CUDA). Everything is row-major; the
-/// column-major vendor calls are reached by swapping operands (C^T = B^T A^T) here, in
-/// one place.
+/// Matrix products, one entry for every back end: host memory goes to CBLAS (OpenBLAS) or,
+/// for attention and the dense layers where ExecContext::host_gemm says so, to dstrain's
+/// own AVX-512 kernels (own_gemm.hpp); CUDA memory to cuBLAS/cuBLASLt
+/// (DSTRAIN_ENABLE_CUDA). Everything is row-major; the column-major vendor calls are
+/// reached by swapping operands (C^T = B^T A^T) here, in one place.
 
 #include <cstdint>
 #include <string>
