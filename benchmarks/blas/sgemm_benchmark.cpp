@@ -47,19 +47,19 @@ struct Product {
     for (std::size_t i = 0; i < b.size(); ++i)
       b[i] = 0.5F + static_cast<float>(i % 89) / 89.0F;
   }
+  // Row strides of the stored operands (packed: no padding between rows).
+  std::int64_t lda() const { return ta == Trans::no ? k : m; }
+  std::int64_t ldb() const { return tb == Trans::no ? n : k; }
   void run(float beta) {
-    const std::int64_t lda = ta == Trans::no ? k : m;
-    const std::int64_t ldb = tb == Trans::no ? n : k;
-    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda, b.data(), ldb, beta, c.data(), n);
+    dst::blas::gemm(host, ta, tb, m, n, k, 1.0F, a.data(), lda(), b.data(), ldb(), beta, c.data(),
+                    n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
   // The same product in dstrain's own kernel (beta 0 or 1: written or accumulated).
   void run_own(float beta) {
-    const std::int64_t lda = ta == Trans::no ? k : m;
-    const std::int64_t ldb = tb == Trans::no ? n : k;
-    dst::blas::blocked_gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, beta != 0.0F, c.data(),
-                            n);
+    dst::blas::blocked_gemm(ta, tb, m, n, k, a.data(), lda(), b.data(), ldb(), beta != 0.0F,
+                            c.data(), n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }

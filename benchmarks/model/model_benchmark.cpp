@@ -9,8 +9,6 @@
 #include <cblas.h>
 
 #include <Kokkos_Core.hpp>
-#include <algorithm>
-#include <chrono>
 #include <string>
 #include <vector>
 
