@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
@@ -414,6 +415,9 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   const auto t_start = std::chrono::steady_clock::now();
   train::StepStats phase_sum;
   std::int64_t phase_steps = 0, tokens_since = 0;
+  // This rank's work (data + forward + backward) and exposed communication of each step
+  // since the last phases record (Trainer::work_spread compares them across the ranks).
+  std::vector<double> step_work, step_comm;
   double seconds_since = 0.0, last_loss = 0.0;
   if (first_step >= last_step)
     log::info("the checkpoint is at step " + std::to_string(first_step) +
@@ -449,6 +453,8 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
     phase_sum.t_optimizer += st.t_optimizer;
     phase_sum.seconds += st.seconds;
     ++phase_steps;
+    step_work.push_back(st.t_data + st.t_forward + st.t_backward);
+    step_comm.push_back(st.t_comm);
     if (cfg.debug.consistency_every > 0 && done % cfg.debug.consistency_every == 0)
       trainer.check_consistency();
     if (done % cfg.logging.every_steps == 0 || done == last_step || st.skipped) {
@@ -466,14 +472,15 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
       tokens_since = 0;
       seconds_since = 0.0;
       if (done % (5 * cfg.logging.every_steps) == 0 || done == last_step) {
-        // Every rank: how evenly the ranks worked (a straggler shows as rank 0's exposed
-        // communication; this names the rank).
-        const double work_s = (phase_sum.t_data + phase_sum.t_forward + phase_sum.t_backward) /
-                              static_cast<double>(phase_steps);
-        log::info(
-            metrics.phases(done, phase_sum, phase_steps, trainer.work_spread(work_s), rt.size()));
+        // Every rank: how evenly the ranks worked, step by step (a straggler shows as rank
+        // 0's exposed communication; this names the rank and says how much of it is the
+        // wait for the straggler).
+        log::info(metrics.phases(done, phase_sum, phase_steps,
+                                 trainer.work_spread(step_work, step_comm), rt.size()));
         phase_sum = {};
         phase_steps = 0;
+        step_work.clear();
+        step_comm.clear();
       }
     }
     if (cfg.eval.every_steps > 0 && done % cfg.eval.every_steps == 0 && done != last_step &&

@@ -22,6 +22,11 @@ median of its timed steps after WARMUP. Figures are the medians over the repetit
                   forward + backward) over the faster's, from the run's last phases record
                   (work_ms_max / work_ms_min, docs/metrics.md): 1.00 when both cores ran
                   alike; a synchronous step waits for the slower.
+  step by step  = from the same record: the ranks' work apart per step (straggle_ms, each
+                  step's slower rank minus its faster), as a share of the 2-rank step, and
+                  rank 0's exposed communication that was not waiting for the slower rank
+                  (comm_exposed_ms - comm_peer_wait_ms): the sums' own tail, what the
+                  communication costs once both ranks are done.
 The table also gives each cell's range over the repetitions: on a shared VM one run can be
 30 % off another minutes later, and the range says how far to trust a median.
 
@@ -66,7 +71,11 @@ def dstrain_rate(dstrain, src, work, data, launch, ranks, preset, seq, micro, st
     header = next(x for x in recs if x["type"] == "header")
     rates = [x["tokens_per_s"] for x in recs if x["type"] == "step" and x["step"] > warmup]
     last = [x for x in recs if x["type"] == "phases"][-1]
-    straggle = last["work_ms_max"] / last["work_ms_min"] if last["work_ms_min"] > 0 else 1.0
+    straggle = {
+        "ratio": last["work_ms_max"] / last["work_ms_min"] if last["work_ms_min"] > 0 else 1.0,
+        "apart": last.get("straggle_ms", 0.0) / last["step_ms"] if last["step_ms"] > 0 else 0.0,
+        "tail_ms": last["comm_exposed_ms"] - last.get("comm_peer_wait_ms", 0.0),
+    }
     return statistics.median(rates), header["peak_gflops_per_rank"], straggle
 
 
@@ -142,7 +151,9 @@ def main():
                 together.append(both)
             print(f"  {preset} rep {rep + 1}/{reps}: " +
                   ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()) +
-                  f"; d2 straggle {straggles[preset][-1]:.2f}", flush=True)
+                  f"; d2 straggle {straggles[preset][-1]['ratio']:.2f}, step by step "
+                  f"{100 * straggles[preset][-1]['apart']:.1f}% of the step apart, tail "
+                  f"{straggles[preset][-1]['tail_ms']:.2f} ms", flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append((preset, seq, micro, fpt, med, got, near))
     peak = statistics.median(peaks)
@@ -175,14 +186,20 @@ def main():
         scaling = med["d2"] / (2 * med["d1"])
         ddp_scaling = med["p2"] / (2 * med["p1"])
         mfu2 = fpt * med["d2"] / 1e9 / (2 * peak)
+        of = straggles[preset]
+        med_of = lambda k: statistics.median(x[k] for x in of)  # noqa: E731
+        lo_of = lambda k: min(x[k] for x in of)  # noqa: E731
+        hi_of = lambda k: max(x[k] for x in of)  # noqa: E731
         vs_together = (f" ({100 * mfu2 * peak / together:.1f}% of the 2-at-once SGEMM rate)"
                        if together else "")
         summary.append(f"{preset}: dstrain/DDP at 2 ranks {speedup:.2f}x; dstrain MFU at 2 ranks "
                        f"{100 * mfu2:.1f}%{vs_together}, near {100 * statistics.median(near['d2']):.1f}%"
                        f"; 1->2 scaling efficiency dstrain "
                        f"{100 * scaling:.1f}%, DDP {100 * ddp_scaling:.1f}%; dstrain's 2-rank "
-                       f"straggle {statistics.median(straggles[preset]):.2f} "
-                       f"({min(straggles[preset]):.2f}-{max(straggles[preset]):.2f})")
+                       f"straggle {med_of('ratio'):.2f} ({lo_of('ratio'):.2f}-{hi_of('ratio'):.2f})"
+                       f", step by step {100 * med_of('apart'):.1f}% of the step apart "
+                       f"({100 * lo_of('apart'):.1f}-{100 * hi_of('apart'):.1f}%), the sums' tail "
+                       f"{med_of('tail_ms'):.2f} ms ({lo_of('tail_ms'):.2f}-{hi_of('tail_ms'):.2f})")
     print("\n" + "\n".join(summary))
     # A model rate above the peak means the start-up peaks of this run were measured in
     # slow minutes (the host's speed drifts): MFU against their median overstates.

@@ -137,18 +137,26 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
   j["work_ms_min"] = spread.min_s * 1e3;
   j["work_ms_max"] = spread.max_s * 1e3;
   j["slowest_rank"] = spread.slowest_rank;
+  j["straggle_ms"] = spread.per_step.straggle_s * 1e3;
+  j["comm_peer_wait_ms"] = spread.per_step.peer_wait_s * 1e3;
   write(j.dump());
-  char across[120] = "";
-  if (world_size > 1)
+  char waited[80] = "";
+  char across[160] = "";
+  if (world_size > 1) {
+    std::snprintf(waited, sizeof waited, " (%.1f of it waiting for slower ranks)",
+                  spread.per_step.peer_wait_s * 1e3);
     std::snprintf(across, sizeof across,
-                  " | work (data+forward+backward) across %d ranks %.1f-%.1f, slowest rank %d",
-                  world_size, spread.min_s * 1e3, spread.max_s * 1e3, spread.slowest_rank);
-  char line[360];
+                  " | work (data+forward+backward) across %d ranks %.1f-%.1f, slowest rank %d, "
+                  "%.1f apart step by step",
+                  world_size, spread.min_s * 1e3, spread.max_s * 1e3, spread.slowest_rank,
+                  spread.per_step.straggle_s * 1e3);
+  }
+  char line[480];
   std::snprintf(line, sizeof line,
                 "phases (ms/step, rank 0, last %lld steps): data %.1f | forward %.1f | backward "
-                "%.1f | exposed comm %.1f | optimizer %.1f | step %.1f%s",
+                "%.1f | exposed comm %.1f%s | optimizer %.1f | step %.1f%s",
                 static_cast<long long>(steps), sum.t_data / n * 1e3, sum.t_forward / n * 1e3,
-                sum.t_backward / n * 1e3, sum.t_comm / n * 1e3, sum.t_optimizer / n * 1e3,
+                sum.t_backward / n * 1e3, sum.t_comm / n * 1e3, waited, sum.t_optimizer / n * 1e3,
                 sum.seconds / n * 1e3, across);
   return line;
 }

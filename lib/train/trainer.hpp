@@ -54,6 +54,23 @@ struct StepStats {
   double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
 };
 
+/// Step by step, how far the ranks' work (data + forward + backward) lay apart, and how
+/// much of one rank's exposed communication was waiting for a slower rank's work rather
+/// than the gradients' own sum. Means over the steps, seconds.
+struct StepSpread {
+  /// slowest rank's work - fastest rank's work
+  double straggle_s = 0.0;
+  /// this rank's: min(its exposed communication, slowest rank's work - its own work). The
+  /// ranks start a step together (the previous step ends in a collective), so until the
+  /// slowest rank's work is done no sum can complete: that much of the wait is the peer's,
+  /// whatever the network; the rest of the exposed communication is the sum's own tail.
+  double peer_wait_s = 0.0;
+};
+/// StepSpread from this rank's work and exposed communication per step and every step's
+/// highest and lowest work over the ranks (vectors of one length; empty gives zeros).
+StepSpread step_spread(const std::vector<double>& own_work, const std::vector<double>& own_comm,
+                       const std::vector<double>& max_work, const std::vector<double>& min_work);
+
 /// Raised (on every rank) when gradients are non-finite and debug.nan_policy is abort;
 /// the first rank that had one has already printed the message.
 class NonFiniteGradients : public Error {
@@ -96,13 +113,17 @@ class Trainer {
   void check_consistency();
 
   /// How a rank's work per step (data + forward + backward: what it does before it waits
-  /// for its peers' gradients) compares across the ranks. `work_s`: this rank's, any
-  /// average the caller chooses. Collective over every rank (two small all-reduces).
+  /// for its peers' gradients) compares across the ranks, over a run of steps. `work_s`
+  /// and `comm_s`: this rank's work and exposed communication (StepStats::t_comm) of each
+  /// of those steps, the same steps on every rank. Collective over every rank (two
+  /// all-reduces: 2 x steps + 2 doubles, one integer).
   struct WorkSpread {
-    double min_s = 0.0, max_s = 0.0;
-    int slowest_rank = 0;  ///< the lowest rank with max_s
+    double min_s = 0.0, max_s = 0.0;  ///< the ranks' mean work per step: lowest, highest
+    int slowest_rank = 0;             ///< the lowest rank with max_s
+    StepSpread per_step;              ///< step by step (a slow rank that changes from step
+                                      ///< to step evens out in the means above, not here)
   };
-  WorkSpread work_spread(double work_s);
+  WorkSpread work_spread(const std::vector<double>& work_s, const std::vector<double>& comm_s);
 
   /// The training state a checkpoint holds: every parameter and both AdamW moments as
   /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",

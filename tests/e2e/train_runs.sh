@@ -39,7 +39,8 @@ case "$mode" in
     run skip --set debug.inject_nan_step=2 --set debug.nan_policy=skip ;;
   straggler)
     # Rank 1 sleeps 300 ms a step (its data phase); a step's own work here is a few ms, so
-    # every phases record must name rank 1 the slowest, by 200-400 ms.
+    # every phases record must name rank 1 the slowest, by 200-400 ms, step by step too,
+    # and put 200-400 ms of rank 0's exposed communication down to waiting for it.
     run straggler --set training.max_steps=6 --set logging.every_steps=1 \
       --set debug.inject_straggler_rank=1 --set debug.inject_straggler_ms=300
     records=$(grep '"type":"phases"' "$work/straggler/metrics.jsonl")
@@ -47,9 +48,12 @@ case "$mode" in
     while read -r rec; do
       field() { grep -o "\"$1\":[^,}]*" <<<"$rec" | cut -d: -f2; }
       awk -v r="$(field slowest_rank)" -v lo="$(field work_ms_min)" -v hi="$(field work_ms_max)" \
-        'BEGIN { d = hi - lo; if (r != 1 || d < 200 || d > 400) exit 1 }' ||
-        { echo "phases record does not name rank 1 as 200-400 ms slower: $rec"; exit 1; }
+        -v s="$(field straggle_ms)" -v w="$(field comm_peer_wait_ms)" -v c="$(field comm_exposed_ms)" \
+        'BEGIN { d = hi - lo; if (r != 1 || d < 200 || d > 400 || s < 200 || s > 400 ||
+                 w < 200 || w > 400 || w > c) exit 1 }' ||
+        { echo "phases record does not name rank 1 as 200-400 ms slower, or does not put" \
+               "200-400 ms of rank 0's exposed communication down to it: $rec"; exit 1; }
     done <<<"$records"
-    echo "straggler: every phases record names rank 1" ;;
+    echo "straggler: every phases record names rank 1 and rank 0's wait for it" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
