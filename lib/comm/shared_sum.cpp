@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <sstream>
@@ -29,6 +30,8 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
 constexpr std::size_t kLine = 64;                           ///< bytes of a cache line (x86-64, Arm)
 constexpr std::size_t kLineFloats = kLine / sizeof(float);  ///< f32 per line
 constexpr std::size_t kPage = 4096;
+constexpr std::uint64_t kNoNonfinite = UINT64_MAX;    ///< a rank's first non-finite: none
+constexpr std::uint32_t kExponentBits = 0x7f800000u;  ///< of an f32: all ones = NaN or inf
 
 std::size_t round_up(std::size_t n, std::size_t to) {
   return (n + to - 1) / to * to;
@@ -41,13 +44,14 @@ std::size_t round_up(std::size_t n, std::size_t to) {
 class SharedSum::Op final : public Request::Impl {
  public:
   Op(SharedSum& sum, Kind kind, std::size_t slot, std::size_t begin, std::size_t count,
-     std::size_t buffer, std::uint64_t use, double timeout_s)
+     std::size_t buffer, bool scan, std::uint64_t use, double timeout_s)
       : sum_(sum),
         kind_(kind),
         slot_(slot),
         begin_(begin),
         count_(count),
         buffer_(buffer),
+        scan_(scan),
         use_(use),
         timeout_s_(timeout_s),
         seq_(core::FlightRecorder::instance().begin(describe())) {}
@@ -57,7 +61,7 @@ class SharedSum::Op final : public Request::Impl {
       for (int q = 0; q < sum_.size_; ++q)
         if (sum_.ready(q, slot_).load(std::memory_order_acquire) < use_) return false;
       if (kind_ == Kind::sum)
-        sum_.add_my_part(begin_, count_, buffer_);
+        sum_.add_my_part(begin_, count_, buffer_, scan_);
       else
         sum_.copy_my_part(begin_, count_, buffer_);
       sum_.done(sum_.rank_, slot_).store(use_, std::memory_order_release);
@@ -135,6 +139,7 @@ class SharedSum::Op final : public Request::Impl {
   SharedSum& sum_;
   Kind kind_;
   std::size_t slot_, begin_, count_, buffer_;
+  bool scan_;
   std::uint64_t use_;
   double timeout_s_;
   std::uint64_t seq_;  ///< in the flight recorder
@@ -169,8 +174,9 @@ SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slot
                 " ranks are not all on one node (this rank shares a node with " +
                 std::to_string(node_size) + " of them); use parallel.backend mpi");
   }
-  // Per rank: the counters (two cache lines per slot), then the buffers, whole pages each.
-  const std::size_t flag_bytes = round_up(slots_ * 2 * kLine, kPage);
+  // Per rank: the counters (two cache lines per slot, one for the first non-finite
+  // element), then the buffers, whole pages each.
+  const std::size_t flag_bytes = round_up((slots_ * 2 + 1) * kLine, kPage);
   const std::size_t buffer_bytes = round_up(elements_ * sizeof(float), kPage);
   // One line more: Open MPI does not promise aligned segments. Every mapping of a
   // segment starts on a page, so its offset within a line is the same in every process.
@@ -206,6 +212,7 @@ SharedSum::SharedSum(Communicator& group, std::size_t elements, std::size_t slot
     new (&ready(rank_, s)) std::atomic<std::uint64_t>(0);
     new (&done(rank_, s)) std::atomic<std::uint64_t>(0);
   }
+  new (&nonfinite(rank_)) std::atomic<std::uint64_t>(kNoNonfinite);
   for (std::size_t b = 0; b < buffers_; ++b)
     std::memset(local(b), 0, elements_ * sizeof(float));
   // The peers read these counters from now on: they must see them initialised.
@@ -240,6 +247,20 @@ std::atomic<std::uint64_t>& SharedSum::done(int rank, std::size_t slot) const {
                                                         (2 * slot + 1) * kLine);
 }
 
+std::atomic<std::uint64_t>& SharedSum::nonfinite(int rank) const {
+  return *reinterpret_cast<std::atomic<std::uint64_t>*>(flags_[static_cast<std::size_t>(rank)] +
+                                                        (2 * slots_) * kLine);
+}
+
+std::int64_t SharedSum::first_nonfinite() const {
+  const std::uint64_t first = nonfinite(rank_).load(std::memory_order_acquire);
+  return first == kNoNonfinite ? -1 : static_cast<std::int64_t>(first);
+}
+
+void SharedSum::reset_nonfinite() {
+  nonfinite(rank_).store(kNoNonfinite, std::memory_order_release);
+}
+
 void SharedSum::part_of(std::size_t count, int ranks, int r, std::size_t& first,
                         std::size_t& last) {
   const std::size_t per = round_up(
@@ -248,18 +269,18 @@ void SharedSum::part_of(std::size_t count, int ranks, int r, std::size_t& first,
   last = std::min(count, first + per);
 }
 
-Request SharedSum::isum(std::size_t slot, std::size_t begin, std::size_t count,
-                        std::size_t buffer) {
-  return start(Kind::sum, slot, begin, count, buffer);
+Request SharedSum::isum(std::size_t slot, std::size_t begin, std::size_t count, std::size_t buffer,
+                        bool scan) {
+  return start(Kind::sum, slot, begin, count, buffer, scan);
 }
 
 Request SharedSum::igather(std::size_t slot, std::size_t begin, std::size_t count,
                            std::size_t buffer) {
-  return start(Kind::gather, slot, begin, count, buffer);
+  return start(Kind::gather, slot, begin, count, buffer, false);
 }
 
 Request SharedSum::start(Kind kind, std::size_t slot, std::size_t begin, std::size_t count,
-                         std::size_t buffer) {
+                         std::size_t buffer, bool scan) {
   const char* op = kind == Kind::sum ? "sum" : "gather";
   if (slot >= slots_ || buffer >= buffers_ || begin > elements_ || count > elements_ - begin)
     throw Error(std::string("comm: shared-memory ") + op + " of elements [" +
@@ -275,7 +296,7 @@ Request SharedSum::start(Kind kind, std::size_t slot, std::size_t begin, std::si
   const std::uint64_t use = ++uses_[slot];
   ready(rank_, slot).store(use, std::memory_order_release);
   return Request(
-      std::make_unique<Op>(*this, kind, slot, begin, count, buffer, use, group_.timeout_s()));
+      std::make_unique<Op>(*this, kind, slot, begin, count, buffer, scan, use, group_.timeout_s()));
 }
 
 void SharedSum::copy_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const {
@@ -287,7 +308,8 @@ void SharedSum::copy_my_part(std::size_t begin, std::size_t count, std::size_t b
       std::memcpy(segment(q, buffer) + begin + first, mine, (last - first) * sizeof(float));
 }
 
-void SharedSum::add_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const {
+void SharedSum::add_my_part(std::size_t begin, std::size_t count, std::size_t buffer,
+                            bool scan) const {
   if (size_ == 1) return;  // the sum over one rank is its own buffer
   std::size_t first = 0, last = 0;
   part_of(count, size_, rank_, first, last);
@@ -297,16 +319,58 @@ void SharedSum::add_my_part(std::size_t begin, std::size_t count, std::size_t bu
   float acc[kChunk];
   for (std::size_t i = begin + first; i < begin + last; i += kChunk) {
     const std::size_t n = std::min(kChunk, begin + last - i);
-    const float* s0 = segment(0, buffer) + i;
-    for (std::size_t j = 0; j < n; ++j)
-      acc[j] = s0[j];
-    for (int q = 1; q < size_; ++q) {  // rank order: the same bits on every rank
+    for (int q = 0; q < size_; ++q) {  // rank order: the same bits on every rank
       const float* s = segment(q, buffer) + i;
-      for (std::size_t j = 0; j < n; ++j)
-        acc[j] += s[j];
+      if (scan) {
+        // In the same pass: the largest exponent field of rank q's values here (all ones:
+        // NaN or infinity). A max reduction vectorises with the add; the rare hit is
+        // located element by element.
+        std::uint32_t exponent = 0;
+        const auto bits = [s](std::size_t j) {
+          std::uint32_t b;
+          std::memcpy(&b, s + j, sizeof b);
+          return b & kExponentBits;
+        };
+        if (q == 0) {
+          for (std::size_t j = 0; j < n; ++j) {
+            exponent = std::max(exponent, bits(j));
+            acc[j] = s[j];
+          }
+        } else {
+          for (std::size_t j = 0; j < n; ++j) {
+            exponent = std::max(exponent, bits(j));
+            acc[j] += s[j];
+          }
+        }
+        if (exponent == kExponentBits) record_nonfinite(q, s, n, i);
+      } else if (q == 0) {
+        for (std::size_t j = 0; j < n; ++j)
+          acc[j] = s[j];
+      } else {
+        for (std::size_t j = 0; j < n; ++j)
+          acc[j] += s[j];
+      }
     }
     for (int q = 0; q < size_; ++q)
       std::memcpy(segment(q, buffer) + i, acc, n * sizeof(float));
+  }
+}
+
+void SharedSum::record_nonfinite(int rank, const float* values, std::size_t n,
+                                 std::size_t offset) const {
+  const auto finite = [](float v) {
+    std::uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return (b & kExponentBits) != kExponentBits;
+  };
+  std::size_t j = 0;
+  while (j < n && finite(values[j]))
+    ++j;
+  // Lower the rank's first offset to this one (another rank's adder may lower it too).
+  std::atomic<std::uint64_t>& first = nonfinite(rank);
+  std::uint64_t seen = first.load(std::memory_order_relaxed);
+  const std::uint64_t here = offset + j;
+  while (here < seen && !first.compare_exchange_weak(seen, here, std::memory_order_acq_rel)) {
   }
 }
 

@@ -72,7 +72,20 @@ class SharedSum {
   /// must not be written until the request completes. Every rank starts the same ranges
   /// on the same slots in the same order; a slot takes its next sum only once its last
   /// one has completed on this rank (else dst::Error).
-  Request isum(std::size_t slot, std::size_t begin, std::size_t count, std::size_t buffer = 0);
+  /// `scan`: the rank adding each part also checks every rank's values in it for NaN and
+  /// infinity, as it reads them anyway, and keeps each rank's first non-finite element
+  /// (first_nonfinite()): a sum's inputs are gone once it completes, and this names the
+  /// rank whose own values were not finite without a pass of its own over them.
+  Request isum(std::size_t slot, std::size_t begin, std::size_t count, std::size_t buffer = 0,
+               bool scan = false);
+
+  /// The lowest element offset (in the buffer) at which this rank's own values were
+  /// non-finite in a scanned sum since reset_nonfinite(), or -1. Read it once the sums
+  /// have completed (their peers' checks of this rank's values are done by then).
+  std::int64_t first_nonfinite() const;
+  /// Forgets it: call before starting the next scanned sums (a peer checks this rank's
+  /// values only once this rank has started a sum, so none is lost).
+  void reset_nonfinite();
 
   /// Starts the all-gather of [begin, begin + count) of buffer `buffer`, in place, on slot
   /// `slot`: this rank's part of the range (part_of) is final in its own buffer; when the
@@ -93,16 +106,22 @@ class SharedSum {
   /// The two counters of (rank, slot).
   std::atomic<std::uint64_t>& ready(int rank, std::size_t slot) const;
   std::atomic<std::uint64_t>& done(int rank, std::size_t slot) const;
+  /// Rank `rank`'s first non-finite element in scanned sums (UINT64_MAX: none), in its
+  /// counters' line after the slots'; any rank's adder lowers it.
+  std::atomic<std::uint64_t>& nonfinite(int rank) const;
   enum class Kind { sum, gather };
   /// Rank `rank`'s buffer `buffer`.
   float* segment(int rank, std::size_t buffer) const {
     return segments_[static_cast<std::size_t>(rank) * buffers_ + buffer];
   }
   Request start(Kind kind, std::size_t slot, std::size_t begin, std::size_t count,
-                std::size_t buffer);
+                std::size_t buffer, bool scan);
   /// Adds part `rank_` of [begin, begin + count) over every rank's buffer `buffer` and
-  /// stores it in each.
-  void add_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const;
+  /// stores it in each; `scan`: also records each rank's first non-finite value in it.
+  void add_my_part(std::size_t begin, std::size_t count, std::size_t buffer, bool scan) const;
+  /// Lowers rank `rank`'s first non-finite offset to that of the first non-finite of the
+  /// `n` values at buffer offset `offset` (there is one).
+  void record_nonfinite(int rank, const float* values, std::size_t n, std::size_t offset) const;
   /// Copies part `rank_` of [begin, begin + count) of this rank's buffer `buffer` into
   /// every peer's.
   void copy_my_part(std::size_t begin, std::size_t count, std::size_t buffer) const;

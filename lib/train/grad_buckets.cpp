@@ -128,12 +128,15 @@ void GradBuckets::start(std::size_t i) {
   }
   // Scan before sending: after the sum every rank sees the NaN, but only now is it known
   // which rank's own gradient had it. Enqueued only (no wait for a device's answer):
-  // wait_all() reads the flag once.
-  tensor::Tensor range{buf, {static_cast<std::int64_t>(n)}};
-  range.device = tensor::device_of(scan_ctx_);
-  kernels::first_nonfinite_min(scan_ctx_, range, begins_[i], flag_tensor());
+  // wait_all() reads the flag once. A shared-memory sum of several ranks checks every
+  // rank's values as it adds them instead (scan_in_sum()): no pass of its own.
+  if (!scan_in_sum()) {
+    tensor::Tensor range{buf, {static_cast<std::int64_t>(n)}};
+    range.device = tensor::device_of(scan_ctx_);
+    kernels::first_nonfinite_min(scan_ctx_, range, begins_[i], flag_tensor());
+  }
   if (alone_on_device_) return;  // a host communicator must not see device memory
-  requests_[i] = shared_ ? shared_->isum(i, begins_[i], n)
+  requests_[i] = shared_ ? shared_->isum(i, begins_[i], n, 0, scan_in_sum())
                          : comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
 }
 
@@ -184,6 +187,7 @@ double GradBuckets::wait_all() {
   tensor::copy(scan_ctx_, &first, flag_, sizeof first);
   first_nonfinite_ =
       first == std::numeric_limits<std::uint64_t>::max() ? -1 : static_cast<std::int64_t>(first);
+  if (scan_in_sum()) first_nonfinite_ = shared_->first_nonfinite();  // every sum is complete
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -198,6 +202,7 @@ void GradBuckets::reset() {
   first_nonfinite_ = -1;
   const std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
   tensor::copy(scan_ctx_, flag_, &none, sizeof none);
+  if (scan_in_sum()) shared_->reset_nonfinite();  // before this step's first sum starts
   std::fill(done_.begin(), done_.end(), false);
 }
 

@@ -74,7 +74,8 @@ class GradBuckets {
   /// After wait_all(): the first non-finite gradient offset seen in a bucket before it
   /// was sent, or -1 (each bucket is scanned just before its all-reduce, so the rank that
   /// produced a NaN can be named; on a device the scans are enqueued without waiting and
-  /// their flag is read once, by wait_all()).
+  /// their flag is read once, by wait_all(); a shared-memory sum of several ranks checks
+  /// every rank's values while it adds them, scan_in_sum()).
   std::int64_t first_nonfinite_offset() const { return first_nonfinite_; }
 
  private:
@@ -82,6 +83,9 @@ class GradBuckets {
               bool overlap, tensor::ExecContext ctx, bool stage_through_host,
               comm::SharedSum* shared);
   void start(std::size_t i);
+  /// The sums check the gradients as they add them (comm::SharedSum's scan), so start()
+  /// runs no scan of its own. Not for a group of one: its "sum" reads nothing.
+  bool scan_in_sum() const { return shared_ != nullptr && shared_->size() > 1; }
   tensor::Tensor flag_tensor() const;
   void progress_loop();
   comm::Communicator& comm_;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,50 @@ TEST(SharedSum, TwoRanksGiveTheBitsOfMpiAllreduce) {
                 MPI_COMM_WORLD);
   for (std::size_t i = 0; i < kElements; ++i)
     ASSERT_EQ(bits(sum.local()[i]), bits(reference[i])) << "element " << i;
+}
+
+// A scanned sum leaves each rank its own first non-finite element, found by whichever rank
+// added that part: rank r (r > 0) puts a NaN and, later, an infinity into its buffer, at
+// offsets that fall into different ranks' parts and different chunks; rank 0 none. An
+// unscanned sum, or one after reset_nonfinite(), records nothing.
+TEST(SharedSum, ScannedSumNamesEachRanksFirstNonFiniteValue) {
+  MpiCommunicator world(MPI_COMM_WORLD, "data", 60.0);
+  constexpr std::size_t kElements = 90001;
+  SharedSum sum(world, kElements, 2);
+  const int r = world_rank();
+  const std::size_t nan_at = 5003 + 17 * static_cast<std::size_t>(r);
+  const std::size_t inf_at = 80000 + static_cast<std::size_t>(r);
+  const auto fill = [&] {
+    for (std::size_t i = 0; i < kElements; ++i)
+      sum.local()[i] = value(i, r, 3);
+    if (r > 0) {
+      sum.local()[inf_at] = std::numeric_limits<float>::infinity();
+      sum.local()[nan_at] = std::numeric_limits<float>::quiet_NaN();
+    }
+  };
+  EXPECT_EQ(sum.first_nonfinite(), -1) << "nothing recorded before any sum";
+  fill();
+  sum.isum(0, 0, kElements).wait();
+  EXPECT_EQ(sum.first_nonfinite(), -1) << "an unscanned sum records nothing";
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank read it before any rank's next sum
+  fill();
+  // Two ranges on two slots, the higher one first: the lower offset must still win.
+  Request high = sum.isum(1, 60000, kElements - 60000, 0, true);
+  Request low = sum.isum(0, 0, 60000, 0, true);
+  high.wait();
+  low.wait();
+  const std::int64_t expect = world_size() == 1 || r == 0 ? -1 : static_cast<std::int64_t>(nan_at);
+  // A group of one sums nothing, so nothing is checked (GradBuckets scans that case itself).
+  EXPECT_EQ(sum.first_nonfinite(), expect);
+  // Only the infinity, in the high range: its offset.
+  MPI_Barrier(MPI_COMM_WORLD);
+  sum.reset_nonfinite();
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank forgot before any rank's next scanned sum
+  fill();
+  if (r > 0) sum.local()[nan_at] = 1.0f;
+  sum.isum(0, 0, kElements, 0, true).wait();
+  EXPECT_EQ(sum.first_nonfinite(),
+            world_size() == 1 || r == 0 ? -1 : static_cast<std::int64_t>(inf_at));
 }
 
 TEST(SharedSum, RangesOutsideTheBufferOrSlotsAreErrors) {
