@@ -321,35 +321,17 @@ void SharedSum::add_my_part(std::size_t begin, std::size_t count, std::size_t bu
     const std::size_t n = std::min(kChunk, begin + last - i);
     for (int q = 0; q < size_; ++q) {  // rank order: the same bits on every rank
       const float* s = segment(q, buffer) + i;
-      if (scan) {
-        // In the same pass: the largest exponent field of rank q's values here (all ones:
-        // NaN or infinity). A max reduction vectorises with the add; the rare hit is
-        // located element by element.
-        std::uint32_t exponent = 0;
-        const auto bits = [s](std::size_t j) {
-          std::uint32_t b;
-          std::memcpy(&b, s + j, sizeof b);
-          return b & kExponentBits;
-        };
-        if (q == 0) {
-          for (std::size_t j = 0; j < n; ++j) {
-            exponent = std::max(exponent, bits(j));
-            acc[j] = s[j];
-          }
-        } else {
-          for (std::size_t j = 0; j < n; ++j) {
-            exponent = std::max(exponent, bits(j));
-            acc[j] += s[j];
-          }
-        }
-        if (exponent == kExponentBits) record_nonfinite(q, s, n, i);
-      } else if (q == 0) {
-        for (std::size_t j = 0; j < n; ++j)
-          acc[j] = s[j];
-      } else {
-        for (std::size_t j = 0; j < n; ++j)
-          acc[j] += s[j];
+      // In the same pass: the largest exponent field of rank q's values here (all ones:
+      // NaN or infinity). A max reduction vectorises with the add, at no cost to this
+      // memory-bound loop; the rare hit is located element by element.
+      std::uint32_t exponent = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        std::uint32_t b;
+        std::memcpy(&b, s + j, sizeof b);
+        exponent = std::max(exponent, b & kExponentBits);
+        acc[j] = q == 0 ? s[j] : acc[j] + s[j];
       }
+      if (scan && exponent == kExponentBits) record_nonfinite(q, s, n, i);
     }
     for (int q = 0; q < size_; ++q)
       std::memcpy(segment(q, buffer) + i, acc, n * sizeof(float));

@@ -183,11 +183,14 @@ double GradBuckets::wait_all() {
   }
   // The buckets cover the buffer: one copy brings every sum back to the device.
   if (staged()) tensor::copy(ctx_, grads_, staging_.data(), staging_.size() * sizeof(float));
-  std::uint64_t first = 0;
-  tensor::copy(scan_ctx_, &first, flag_, sizeof first);
-  first_nonfinite_ =
-      first == std::numeric_limits<std::uint64_t>::max() ? -1 : static_cast<std::int64_t>(first);
-  if (scan_in_sum()) first_nonfinite_ = shared_->first_nonfinite();  // every sum is complete
+  if (scan_in_sum()) {
+    first_nonfinite_ = shared_->first_nonfinite();  // every sum is complete
+  } else {
+    std::uint64_t first = 0;
+    tensor::copy(scan_ctx_, &first, flag_, sizeof first);
+    first_nonfinite_ =
+        first == std::numeric_limits<std::uint64_t>::max() ? -1 : static_cast<std::int64_t>(first);
+  }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
