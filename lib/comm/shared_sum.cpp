@@ -11,6 +11,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "comm/op_info.hpp"
+#include "core/bulk_memory.hpp"
 #include "core/deadline.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
@@ -305,7 +306,9 @@ void SharedSum::copy_my_part(std::size_t begin, std::size_t count, std::size_t b
   const float* mine = segment(rank_, buffer) + begin + first;
   for (int q = 0; q < size_; ++q)
     if (q != rank_)
-      std::memcpy(segment(q, buffer) + begin + first, mine, (last - first) * sizeof(float));
+      // The peer reads its copy in its next forward pass, long after this core's cache
+      // would have kept it: a large part goes out with streaming stores.
+      core::copy_bytes(segment(q, buffer) + begin + first, mine, (last - first) * sizeof(float));
 }
 
 void SharedSum::add_my_part(std::size_t begin, std::size_t count, std::size_t buffer,

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "core/bulk_memory.hpp"
 #include "core/error.hpp"
 
 #if DSTRAIN_HAVE_CUDA
@@ -119,7 +120,7 @@ void copy(const ExecContext& ctx, void* dst, const void* src, std::size_t bytes)
 void fill_zero(const ExecContext& ctx, void* p, std::size_t bytes) {
   if (bytes == 0) return;
   if (device_of(ctx) == Device::host) {
-    std::memset(p, 0, bytes);
+    core::zero_bytes(p, bytes);  // streaming stores for ranges too large to stay in cache
     return;
   }
 #if DSTRAIN_HAVE_CUDA

@@ -35,7 +35,9 @@ void release(Device device, void* p, void* stream) noexcept;
 
 /// Copies `bytes` from `src` to `dst`; either may be host or ctx's device memory.
 void copy(const ExecContext& ctx, void* dst, const void* src, std::size_t bytes);
-/// Sets `bytes` at `p` (ctx's memory) to zero.
+/// Sets `bytes` at `p` (ctx's memory) to zero. On the host a range of at least
+/// core::kStreamingStoreBytes is written with streaming stores (core/bulk_memory.hpp): it
+/// is then in memory, not in cache.
 void fill_zero(const ExecContext& ctx, void* p, std::size_t bytes);
 /// Waits until everything enqueued on ctx's stream has run (nothing to do on the host).
 /// The phase timers call it so a GPU phase is timed when it has run, not when it was

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "core/bulk_memory.hpp"
 #include "core/error.hpp"
 #include "mpi_world.hpp"
 
@@ -263,6 +264,41 @@ TEST(SharedSum, GatherPutsEveryRanksPartIntoEveryBuffer) {
   for (std::size_t i = 0; i < kElements; ++i)
     ASSERT_EQ(bits(g[i]), bits(rank_order_sum(i, 4))) << "element " << i;
   EXPECT_THROW(shared.igather(0, 0, 10, 2), Error) << "there is no buffer 2";
+}
+
+// A gather whose parts are large enough to go out with streaming stores
+// (core/bulk_memory.hpp: weakly ordered, fenced before the rank marks its part done):
+// every element of every part arrives, starting off a cache line, the rest untouched.
+TEST(SharedSum, GatherOfPartsLargeEnoughToStreamDeliversEveryElement) {
+  if (world_size() < 2) GTEST_SKIP() << "needs a peer: one rank copies nothing";
+  MpiCommunicator world(MPI_COMM_WORLD, "data", 120.0);
+  const std::size_t per_rank = core::kStreamingStoreBytes / sizeof(float) + 37;
+  const std::size_t begin = 3;  // 12 bytes past a line: the copies start mid-line
+  const std::size_t count = per_rank * static_cast<std::size_t>(world_size());
+  const std::size_t elements = begin + count + 5;
+  SharedSum shared(world, elements, 1);
+  std::size_t first = 0, last = 0;
+  SharedSum::part_of(count, world_size(), world_rank(), first, last);
+  ASSERT_GE((last - first) * sizeof(float), core::kStreamingStoreBytes) << "a part streams";
+  float* p = shared.local();
+  for (std::size_t i = 0; i < elements; ++i)
+    p[i] = -1.0f;
+  for (std::size_t i = begin + first; i < begin + last; ++i)
+    p[i] = value(i, world_rank(), 5);
+  MPI_Barrier(MPI_COMM_WORLD);
+  shared.igather(0, begin, count, 0).wait();
+  std::size_t first0 = 0, per = 0;  // every part but the last is rank 0's length
+  SharedSum::part_of(count, world_size(), 0, first0, per);
+  for (std::size_t i = 0; i < elements; ++i) {
+    if (i < begin || i >= begin + count) {
+      ASSERT_EQ(p[i], -1.0f) << "element " << i << " outside the range was written";
+      continue;
+    }
+    const int owner = static_cast<int>((i - begin) / per);
+    ASSERT_EQ(bits(p[i]), bits(value(i, owner, 5)))
+        << "element " << i << ": not rank " << owner << "'s";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(SharedSum, GatherTimeoutNamesTheRankThatHasNotStarted) {
