@@ -8,9 +8,9 @@
 /// into its peers' buffers after its part of the optimizer step, that is measured in
 /// docs/performance.md ("Streaming stores for the whole-buffer writes").
 ///
-/// Both functions leave the stores ordered before any later store of this thread (they
-/// end with a store fence): a flag published after them with release order tells a
-/// reader in another process that the data are there.
+/// Each function here that streams ends with a store fence, so its stores are ordered
+/// before any later store of this thread: a flag published after them with release order
+/// tells a reader in another process that the data are there.
 
 #include <cstddef>
 
