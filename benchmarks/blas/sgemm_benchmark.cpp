@@ -23,6 +23,7 @@
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
 #include "blas/own_gemm.hpp"
+#include "common/evict.hpp"
 #include "common/paired.hpp"
 
 namespace {
@@ -102,20 +103,7 @@ void model_args(benchmark::internal::Benchmark* b) {
   }
 }
 
-// Bytes written between two products of BM_sgemm_from_memory so that none of the product's
-// operands is still in any cache level: more than this VM's whole L3 (lscpu: 480 MiB, one
-// instance shared by all its guests) and than a training step's memory (tiny: ~350 MB).
-constexpr std::size_t kEvictBytes = std::size_t{512} << 20;
-
-// Writes one float in every 64-byte line of a buffer larger than the caches.
-void evict_caches() {
-  static std::vector<float> junk(kEvictBytes / sizeof(float), 0.0F);
-  for (std::size_t i = 0; i < junk.size(); i += 64 / sizeof(float))
-    junk[i] += 1.0F;
-  benchmark::DoNotOptimize(junk.data());
-  benchmark::ClobberMemory();
-}
-
+using dst::bench::evict_caches;
 using dst::bench::median_of;
 
 // A product whose operands come from memory, as a training step's do (each activation and

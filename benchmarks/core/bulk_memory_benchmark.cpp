@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/evict.hpp"
 #include "common/paired.hpp"
 #include "core/bulk_memory.hpp"
 
@@ -24,24 +25,6 @@ namespace {
 // Floats of tiny's and small's flat buffers: their parameter counts (`dstrain check`).
 constexpr std::size_t kTinyFloats = 3'297'536;
 constexpr std::size_t kSmallFloats = 29'499'904;
-// Written between the timed calls: more than this host's 260 MiB last-level cache.
-constexpr std::size_t kEvictBytes = std::size_t{320} << 20;
-
-// Reads and writes a byte of every line of kEvictBytes: ordinary loads and stores, which
-// bring each line into cache (a large memset may itself stream and so evict nothing).
-class Evictor {
- public:
-  Evictor() : junk_(kEvictBytes, 1) {}
-  void operator()() {
-    for (std::size_t i = 0; i < junk_.size(); i += 64)
-      junk_[i] = static_cast<unsigned char>(junk_[i] + 1);
-    benchmark::ClobberMemory();
-  }
-
- private:
-  std::vector<unsigned char> junk_;
-};
-
 // The counters of a paired run; bytes written per call, if the write alone is timed.
 void report(benchmark::State& state, const dst::bench::PairedTimes& t, std::size_t bytes) {
   state.counters["ordinary_over_streaming"] = t.median_ratio();
@@ -54,10 +37,10 @@ void report(benchmark::State& state, const dst::bench::PairedTimes& t, std::size
 void BM_zero_paired(benchmark::State& state) {
   const auto floats = static_cast<std::size_t>(state.range(0));
   std::vector<float> grads(floats, 1.0f);
-  Evictor evict;
   const auto t = dst::bench::run_paired(
       state, [&] { std::memset(grads.data(), 0, floats * sizeof(float)); },
-      [&] { dst::core::stream_zero(grads.data(), floats * sizeof(float)); }, evict);
+      [&] { dst::core::stream_zero(grads.data(), floats * sizeof(float)); },
+      dst::bench::evict_caches);
   report(state, t, floats * sizeof(float));
 }
 
@@ -67,10 +50,10 @@ void BM_copy_half_paired(benchmark::State& state) {
   const auto floats = static_cast<std::size_t>(state.range(0));
   const std::size_t half = floats / 2;
   std::vector<float> mine(half, 2.0f), peers(half, 1.0f);
-  Evictor evict;
   const auto t = dst::bench::run_paired(
       state, [&] { std::memcpy(peers.data(), mine.data(), half * sizeof(float)); },
-      [&] { dst::core::stream_copy(peers.data(), mine.data(), half * sizeof(float)); }, evict);
+      [&] { dst::core::stream_copy(peers.data(), mine.data(), half * sizeof(float)); },
+      dst::bench::evict_caches);
   report(state, t, half * sizeof(float));
 }
 
@@ -109,7 +92,7 @@ void presets(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond);
 }
 
-// Iterations: each evicting one costs two 320 MiB passes, so a fixed, modest count.
+// Iterations: each evicting one costs two passes over 512 MiB, so a fixed, modest count.
 BENCHMARK(BM_zero_paired)->Apply(presets)->Iterations(25);
 BENCHMARK(BM_copy_half_paired)->Apply(presets)->Iterations(25);
 BENCHMARK(BM_zero_then_read_paired)->Apply(presets)->Iterations(100);
