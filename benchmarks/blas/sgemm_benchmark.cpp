@@ -25,6 +25,7 @@
 #include "blas/own_gemm.hpp"
 #include "common/evict.hpp"
 #include "common/paired.hpp"
+#include "common/tiny_layers.hpp"
 
 namespace {
 
@@ -81,7 +82,7 @@ void BM_sgemm(benchmark::State& state) {
       benchmark::Counter(1e-9 * p.flops(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-constexpr std::int64_t kTokens = 2048;
+constexpr std::int64_t kTokens = dst::bench::kTinyTokens;
 
 void peak_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "tA", "tB"});
@@ -91,12 +92,7 @@ void peak_args(benchmark::internal::Benchmark* b) {
 
 void model_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "tA", "tB"});
-  struct Layer {
-    std::int64_t out, in;
-  };
-  // (out, in) of the tiny preset's dense layers.
-  const Layer layers[] = {{768, 256}, {256, 256}, {688, 256}, {256, 688}, {260, 256}};
-  for (const Layer& l : layers) {
+  for (const dst::bench::DenseLayer& l : dst::bench::kTinyDenseLayers) {
     b->Args({kTokens, l.out, l.in, 0, 1});  // forward  y (N, out) = x (N, in) W^T
     b->Args({kTokens, l.in, l.out, 0, 0});  // backward dx (N, in) = dy (N, out) W
     b->Args({l.out, l.in, kTokens, 1, 0});  // backward dW (out, in) += dy^T x

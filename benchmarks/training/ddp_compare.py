@@ -27,6 +27,13 @@ median of its timed steps after WARMUP. Figures are the medians over the repetit
                   rank 0's exposed communication that was not waiting for the slower rank
                   (comm_exposed_ms - comm_peer_wait_ms): the sums' own tail, what the
                   communication costs once both ranks are done.
+  ceiling       = the 1 -> 2 scaling of a synchronous step with no communication at all
+                  (training_sync_ceiling_benchmark, next to the dstrain binary's build: tiny's
+                  layer products on both ranks, a barrier after each step, against rank 0's
+                  alone, paired step by step), run once per repetition with the same
+                  launcher: what the host's two cores, each changing speed by itself, leave
+                  to any synchronous data-parallel step at that time. dstrain's scaling over
+                  it is what its own communication and sharing cost.
 The table also gives each cell's range over the repetitions: on a shared VM one run can be
 30 % off another minutes later, and the range says how far to trust a median.
 
@@ -113,6 +120,22 @@ def concurrent_sgemm_peak(dstrain, ranks):
     return statistics.median(rates)
 
 
+def sync_ceiling(dstrain, launch, mode):
+    """(scaling, straggle) of training_sync_ceiling_benchmark on 2 ranks with `launch`, or
+    None when the benchmark was not built beside the dstrain binary."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dstrain))), "benchmarks",
+                         "training", "training_sync_ceiling_benchmark")
+    if not os.path.exists(bench):
+        return None
+    case = "tokens:2048/layers:4" if mode == "full" else "tokens:64/layers:1"
+    out = run([*launch, "2", bench, f"--benchmark_filter=BM_sync_ceiling/{case}/",
+               "--benchmark_format=json"])
+    got = [b for b in json.loads(out)["benchmarks"] if b["name"].startswith("BM_sync_ceiling")]
+    if len(got) != 1:
+        raise SystemExit(f"ddp_compare: {bench} reported {len(got)} results, expected 1")
+    return got[0]["scaling"], got[0]["straggle"]
+
+
 def main():
     sep = sys.argv.index("--")
     dstrain, src, work, reps, mode = sys.argv[1:sep]
@@ -124,7 +147,7 @@ def main():
     data = os.path.join(work, "data")
     run([py, os.path.join(src, "tests/e2e/training/synthetic_language.py"), "generate", data,
          "--seq-len", "512", "--train-samples", "64", "--valid-samples", "2"])
-    rows, peaks, together, straggles = [], [], [], {}
+    rows, peaks, together, straggles, ceilings = [], [], [], {}, {}
     for preset, seq, micro, steps, warmup in CASES[mode]:
         got = {k: [] for k in ("d1", "d2", "p1", "p2")}
         # MFU of each run against the peak measured seconds from it (PyTorch's: that of the
@@ -149,11 +172,17 @@ def main():
             both = concurrent_sgemm_peak(dstrain, 2)  # sampled as often as the runs' peaks
             if both is not None:
                 together.append(both)
+            ceiling = sync_ceiling(dstrain, launch, mode)
+            if ceiling is not None:
+                ceilings.setdefault(preset, []).append(ceiling)
             print(f"  {preset} rep {rep + 1}/{reps}: " +
                   ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in got.items()) +
                   f"; d2 straggle {straggles[preset][-1]['ratio']:.2f}, step by step "
                   f"{100 * straggles[preset][-1]['apart']:.1f}% of the step apart, tail "
-                  f"{straggles[preset][-1]['tail_ms']:.2f} ms", flush=True)
+                  f"{straggles[preset][-1]['tail_ms']:.2f} ms" +
+                  (f"; host's synchronous ceiling {100 * ceilings[preset][-1][0]:.1f}% "
+                   f"(straggle {ceilings[preset][-1][1]:.2f})" if ceiling is not None else ""),
+                  flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append((preset, seq, micro, fpt, med, got, near))
     peak = statistics.median(peaks)
@@ -200,6 +229,13 @@ def main():
                        f", step by step {100 * med_of('apart'):.1f}% of the step apart "
                        f"({100 * lo_of('apart'):.1f}-{100 * hi_of('apart'):.1f}%), the sums' tail "
                        f"{med_of('tail_ms'):.2f} ms ({lo_of('tail_ms'):.2f}-{hi_of('tail_ms'):.2f})")
+        if preset in ceilings:
+            cs = [c[0] for c in ceilings[preset]]
+            summary.append(f"{preset}: the host's synchronous 1->2 ceiling (no communication) "
+                           f"{100 * statistics.median(cs):.1f}% ({100 * min(cs):.1f}-"
+                           f"{100 * max(cs):.1f}%), straggle "
+                           f"{statistics.median(c[1] for c in ceilings[preset]):.2f}; dstrain's "
+                           f"scaling is {100 * scaling / statistics.median(cs):.1f}% of it")
     print("\n" + "\n".join(summary))
     # A model rate above the peak means the start-up peaks of this run were measured in
     # slow minutes (the host's speed drifts): MFU against their median overstates.
