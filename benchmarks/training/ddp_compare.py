@@ -94,15 +94,22 @@ def ddp_rate(py, here, ranks, preset, seq, micro, steps, warmup):
     return rec["tokens_per_s"], rec["flops_per_token"]
 
 
+def built_benchmark(dstrain, folder, name):
+    """Path of benchmark `name` in `folder` of the build the dstrain binary is in (BUILD/bin/
+    dstrain -> BUILD/benchmarks/FOLDER/NAME), or None when that build has no such benchmark."""
+    build = os.path.dirname(os.path.dirname(os.path.abspath(dstrain)))
+    bench = os.path.join(build, "benchmarks", folder, name)
+    return bench if os.path.exists(bench) else None
+
+
 def concurrent_sgemm_peak(dstrain, ranks):
     """Median single-thread SGEMM 2048^3 GFLOP/s per process while `ranks` processes run it
     at once (blas_sgemm_benchmark next to the dstrain binary's build), or None without it.
     The cores of a VM share caches, memory and the host's turbo budget: what each of them
     sustains while all compute is what a run on all of them could reach, and is below what
     one core measures alone (the peak dstrain logs)."""
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dstrain))), "benchmarks",
-                         "blas", "blas_sgemm_benchmark")
-    if not os.path.exists(bench):
+    bench = built_benchmark(dstrain, "blas", "blas_sgemm_benchmark")
+    if bench is None:
         return None
     cmd = [bench, "--benchmark_filter=BM_sgemm/M:2048/N:2048/K:2048", "--benchmark_format=json"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -123,9 +130,8 @@ def concurrent_sgemm_peak(dstrain, ranks):
 def sync_ceiling(dstrain, launch, mode):
     """(scaling, straggle) of training_sync_ceiling_benchmark on 2 ranks with `launch`, or
     None when the benchmark was not built beside the dstrain binary."""
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dstrain))), "benchmarks",
-                         "training", "training_sync_ceiling_benchmark")
-    if not os.path.exists(bench):
+    bench = built_benchmark(dstrain, "training", "training_sync_ceiling_benchmark")
+    if bench is None:
         return None
     case = "tokens:2048/layers:4" if mode == "full" else "tokens:64/layers:1"
     out = run([*launch, "2", bench, f"--benchmark_filter=BM_sync_ceiling/{case}/",
@@ -180,8 +186,8 @@ def main():
                   f"; d2 straggle {straggles[preset][-1]['ratio']:.2f}, step by step "
                   f"{100 * straggles[preset][-1]['apart']:.1f}% of the step apart, tail "
                   f"{straggles[preset][-1]['tail_ms']:.2f} ms" +
-                  (f"; host's synchronous ceiling {100 * ceilings[preset][-1][0]:.1f}% "
-                   f"(straggle {ceilings[preset][-1][1]:.2f})" if ceiling is not None else ""),
+                  (f"; host's synchronous ceiling {100 * ceiling[0]:.1f}% "
+                   f"(straggle {ceiling[1]:.2f})" if ceiling is not None else ""),
                   flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}
         rows.append((preset, seq, micro, fpt, med, got, near))
@@ -231,11 +237,11 @@ def main():
                        f"{med_of('tail_ms'):.2f} ms ({lo_of('tail_ms'):.2f}-{hi_of('tail_ms'):.2f})")
         if preset in ceilings:
             cs = [c[0] for c in ceilings[preset]]
+            ceiling_med = statistics.median(cs)
             summary.append(f"{preset}: the host's synchronous 1->2 ceiling (no communication) "
-                           f"{100 * statistics.median(cs):.1f}% ({100 * min(cs):.1f}-"
-                           f"{100 * max(cs):.1f}%), straggle "
-                           f"{statistics.median(c[1] for c in ceilings[preset]):.2f}; dstrain's "
-                           f"scaling is {100 * scaling / statistics.median(cs):.1f}% of it")
+                           f"{100 * ceiling_med:.1f}% ({100 * min(cs):.1f}-{100 * max(cs):.1f}%), "
+                           f"straggle {statistics.median(c[1] for c in ceilings[preset]):.2f}; "
+                           f"dstrain's scaling is {100 * scaling / ceiling_med:.1f}% of it")
     print("\n" + "\n".join(summary))
     # A model rate above the peak means the start-up peaks of this run were measured in
     # slow minutes (the host's speed drifts): MFU against their median overstates.

@@ -131,8 +131,8 @@ void BM_sync_ceiling(benchmark::State& state) {
   // Rank 0's time for its work alone; the others sleep until it is done.
   auto alone = [&] {
     // Rank 0 enters the barrier only after its work: a barrier completes once every rank
-    // has entered it, and the others must not go on (to the next step's spinning wait)
-    // before rank 0 is done.
+    // has entered it, so the others sleep until rank 0 is done and do not start the next
+    // step beside its work.
     if (rank != 0) {
       auto done = comm->ibarrier();
       sleep_until_done(done, "the alone step's barrier");
