@@ -22,19 +22,24 @@ namespace fs = std::filesystem;
 using dst::ckpt::StDType;
 using dst::ckpt::StTensor;
 
-std::string temp_path(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("dst-safetensors-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+// Each test's files in a folder of its own process, removed when the test ends.
+class Safetensors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dst-safetensors-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string temp_path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
 
 std::vector<unsigned char> bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-TEST(Safetensors, LayoutFollowsTheFormat) {
+TEST_F(Safetensors, LayoutFollowsTheFormat) {
   const std::vector<float> a{1.0f, -2.5f, 3.0f, 0.0f, 5.0f, 6.0f};  // (2, 3)
   const std::vector<float> b{7.0f};                                 // (1)
   const std::string path = temp_path("layout.safetensors");
@@ -68,7 +73,7 @@ TEST(Safetensors, LayoutFollowsTheFormat) {
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
-TEST(Safetensors, RoundTripF32AndBf16) {
+TEST_F(Safetensors, RoundTripF32AndBf16) {
   std::vector<float> w(3 * 5 * 7);
   for (std::size_t i = 0; i < w.size(); ++i)
     w[i] = static_cast<float>(i) * 0.37f - 11.0f;
@@ -93,7 +98,7 @@ TEST(Safetensors, RoundTripF32AndBf16) {
   }
 }
 
-TEST(Safetensors, RefusesBadInputAndDamagedFiles) {
+TEST_F(Safetensors, RefusesBadInputAndDamagedFiles) {
   const std::vector<float> a{1.0f, 2.0f};
   const std::string path = temp_path("bad.safetensors");
   EXPECT_THROW(dst::ckpt::write_safetensors(path, {{"x", {2}, a.data()}, {"x", {2}, a.data()}},

@@ -292,6 +292,9 @@ TEST(BpeTokenizer, ThreadsShareOneTokenizer) {
 
 class MalformedTokenizer : public ::testing::Test {
  protected:
+  void TearDown() override {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
   /// Writes `json` to a file and returns the message of loading it.
   std::string load_error(const std::string& json) {
     path_ = ::testing::TempDir() + "bad-tokenizer-" +
