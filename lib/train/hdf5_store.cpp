@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "core/error.hpp"
 
 namespace dst::train {
 
@@ -11,40 +14,22 @@ Hdf5SampleStore::Hdf5SampleStore(const data::TokenDataset& dataset,
 
 Hdf5SampleStore::~Hdf5SampleStore() = default;
 
-void Hdf5SampleStore::follow(const data::Sampler& sampler, std::int64_t max_steps) {
-  lookahead_ = std::make_unique<data::Sampler>(sampler);
-  steps_left_ = max_steps;
-  if (pending_.empty()) request_next_step();
-}
-
-void Hdf5SampleStore::request_next_step() {
-  if (!lookahead_ || steps_left_ <= 0) return;
-  --steps_left_;
-  for (auto& micro : lookahead_->next_step()) {  // (micro_batches, micro_batch_size)
-    reader_.request(micro);
-    pending_.push_back(std::move(micro));
-  }
+void Hdf5SampleStore::prefetch(const std::vector<std::uint64_t>& ids) {
+  reader_.request(ids);
+  pending_.push_back(ids);
 }
 
 void Hdf5SampleStore::read(const std::vector<std::uint64_t>& ids, std::int32_t* out) {
-  data::Batch batch;
-  if (!pending_.empty() && pending_.front() == ids) {
-    batch = reader_.wait();
-    pending_.pop_front();
-  } else {
-    // Not what was predicted: drop the read-ahead (requests are served in order).
-    while (!pending_.empty()) {
-      reader_.wait();
-      pending_.pop_front();
-    }
-    lookahead_.reset();
+  if (pending_.empty()) {
     reader_.request(ids);
-    batch = reader_.wait();
+  } else if (pending_.front() != ids) {
+    throw Error("Hdf5SampleStore: read of " + std::to_string(ids.size()) +
+                " samples that are not the next promised ones (reads must follow prefetches)");
+  } else {
+    pending_.pop_front();
   }
+  const data::Batch batch = reader_.wait();
   std::memcpy(out, batch.tokens.data(), batch.tokens.size() * sizeof(std::int32_t));
-  // The trainer reads a step's micro-batches back to back: once the last is handed
-  // out, the next step is read while this one computes.
-  if (pending_.empty()) request_next_step();
 }
 
 std::vector<std::int32_t> read_token_stream(const data::TokenDataset& dataset,

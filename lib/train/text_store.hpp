@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "data/text_corpus.hpp"
-#include "train/trainer.hpp"
+#include "train/sample_store.hpp"
 
 namespace dst::train {
 

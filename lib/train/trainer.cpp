@@ -7,9 +7,11 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <sstream>
-#include <thread>
 
+#include "comm/nccl_bootstrap.hpp"
+#include "comm/shared_sum.hpp"
 #include "core/exit_codes.hpp"
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
@@ -25,10 +27,6 @@ namespace {
 // The buffers of a shared-memory data group (make_shared_buffers).
 constexpr std::size_t kGradBuffer = 0;
 constexpr std::size_t kParamBuffer = 1;
-/// Their slots: one per gradient bucket, then the one of the gathers (the last).
-std::size_t shared_slots(const config::RunConfig& config, std::size_t elements) {
-  return GradBuckets::bucket_count_for(elements, config.parallel.bucket_mb * 1024.0 * 1024.0) + 1;
-}
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -78,31 +76,46 @@ std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
 }  // namespace
 
 Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
-                 comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx,
-                 comm::Communicator* grad_comm, comm::SharedSum* shared_grads)
-    : cfg_(config), layout_(layout), groups_(groups), train_(train), ctx_(ctx) {
+                 comm::ProcessGroups& groups, SampleStore& train, Options options)
+    : cfg_(config),
+      layout_(layout),
+      groups_(groups),
+      ctx_(options.ctx),
+      faults_(config.debug, groups.world->rank(), groups.world->size()) {
   const std::int64_t micro = config.training.micro_batch_size;
   const std::int64_t T = config.data.seq_len;
-  if (shared_grads && shared_grads->elements() !=
-                          model::flat_buffer_elements(model::dense_parameter_layout(config.model)))
-    throw Error("train: the shared-memory gradient buffers hold " +
-                std::to_string(shared_grads->elements()) +
-                " elements, not this model's gradient buffer (make_shared_buffers sizes them)");
-  // A second shared buffer: the parameters, updated in parts and gathered.
-  const bool shared_params = shared_grads && shared_grads->buffers() > kParamBuffer;
+  const double bucket_bytes = config.parallel.bucket_mb * 1024.0 * 1024.0;
+  const auto step = [&](const char* what, double timeout_s) {
+    return options.watchdog
+               ? std::make_unique<runtime::StartupStep>(*options.watchdog, what, timeout_s)
+               : nullptr;
+  };
+  if (options.grad_comm == "nccl") {
+    const auto s = step("NCCL communicator of the data group", 0.0);  // polled by NCCL's own
+    device_comm_ = comm::make_device_communicator(*groups.data, "data", config.parallel.timeout_s,
+                                                  config.parallel.init_timeout_s, ctx_.stream);
+  } else if (options.grad_comm == "shm") {
+    // The gradients (buffer 0) and parameters (buffer 1), with a slot per bucket and one
+    // for the parameters' gather.
+    const auto s = step("shared-memory gradient and parameter buffers of the data group",
+                        config.parallel.init_timeout_s);
+    const std::size_t elements =
+        model::flat_buffer_elements(model::dense_parameter_layout(config.model));
+    shared_ = std::make_unique<comm::SharedSum>(
+        *groups.data, elements, GradBuckets::bucket_count_for(elements, bucket_bytes) + 1, 2);
+  } else if (options.grad_comm != "mpi") {
+    throw Error("train: the gradients are summed by mpi, nccl or shm, not '" + options.grad_comm +
+                "'");
+  }
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
       storage_type(config.training.precision), config.debug.deterministic,
-      shared_grads ? shared_grads->local(kGradBuffer) : nullptr,
-      shared_params ? shared_grads->local(kParamBuffer) : nullptr);
-  if (shared_params && shared_grads->size() > 1) {
-    const std::size_t need = shared_slots(config, shared_grads->elements());
-    if (shared_grads->slots() < need)
-      throw Error("train: the shared-memory buffers have " + std::to_string(shared_grads->slots()) +
-                  " slots, not one per gradient bucket and one for the parameters (" +
-                  std::to_string(need) + ")");
-    shared_update_ = shared_grads;
-    gather_slot_ = need - 1;
+      shared_ ? shared_->local(kGradBuffer) : nullptr,
+      shared_ ? shared_->local(kParamBuffer) : nullptr);
+  // One rank alone has nothing to share: it updates its own parameters.
+  if (shared_ && shared_->size() > 1) {
+    shared_update_ = shared_.get();
+    gather_slot_ = shared_->slots() - 1;
   }
   loss_scaling_ = config.training.precision == "fp16";
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
@@ -113,33 +126,24 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   sc.micro_batch_size = static_cast<std::uint64_t>(micro);
   sc.dp_rank = groups.data_rank;
   sc.dp_size = layout.data;
-  sampler_ = std::make_unique<data::Sampler>(sc);
+  batches_ = std::make_unique<BatchSource>(train, sc, T);
   auto& ps = model_->params();
-  const double bucket_bytes = config.parallel.bucket_mb * 1024.0 * 1024.0;
-  if (shared_grads)
-    buckets_ = std::make_unique<GradBuckets>(*shared_grads, bucket_bytes, config.parallel.overlap);
+  if (shared_)
+    buckets_ = std::make_unique<GradBuckets>(*shared_, bucket_bytes, config.parallel.overlap);
   else
-    buckets_ = std::make_unique<GradBuckets>(grad_comm ? *grad_comm : *groups.data, ps.grads_data(),
-                                             ps.buffer_elements(), bucket_bytes,
+    buckets_ = std::make_unique<GradBuckets>(device_comm_ ? *device_comm_ : *groups.data,
+                                             ps.grads_data(), ps.buffer_elements(), bucket_bytes,
                                              config.parallel.overlap, ctx_);
-  // debug.inject_nan_step poisons the first gradient of the last block's MLP output.
-  inject_nan_offset_ =
-      ps.spec(ps.index_of("model.layers." + std::to_string(config.model.n_layers - 1) +
-                          ".mlp.down_proj.weight"))
-          .offset;
+  // Faults::gradient_poison goes into the first gradient of the last block's MLP output.
+  poison_offset_ = ps.spec(ps.index_of("model.layers." + std::to_string(config.model.n_layers - 1) +
+                                       ".mlp.down_proj.weight"))
+                       .offset;
   batch_.resize(static_cast<std::size_t>(layout.grad_accum_steps * micro * (T + 1)));
   tokens_.resize(static_cast<std::size_t>(micro * T));
   targets_.resize(tokens_.size());
 }
 
 Trainer::~Trainer() = default;
-
-std::unique_ptr<comm::SharedSum> Trainer::make_shared_buffers(const config::RunConfig& config,
-                                                              comm::Communicator& data) {
-  const std::size_t elements =
-      model::flat_buffer_elements(model::dense_parameter_layout(config.model));
-  return std::make_unique<comm::SharedSum>(data, elements, shared_slots(config, elements), 2);
-}
 
 void Trainer::gather_state(float* data) const {
   comm::SharedSum& shared = *shared_update_;
@@ -171,15 +175,8 @@ StepStats Trainer::step() {
 
   // --- data: this rank's micro-batches of the step's global batch
   auto t0 = Clock::now();
-  const auto ids = sampler_->next_step();  // (accum, micro)
-  {
-    core::FlightScope scope("read the step's samples");
-    for (std::size_t m = 0; m < ids.size(); ++m)
-      train_.read(ids[m], batch_.data() + m * static_cast<std::size_t>(micro) * sample_len);
-  }
-  if (cfg_.debug.inject_straggler_rank == groups_.world->rank() &&
-      cfg_.debug.inject_straggler_ms > 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.debug.inject_straggler_ms));
+  batches_->next_step(batch_.data());  // (accum, micro, T + 1)
+  faults_.straggle();
   st.t_data = since(t0);
   samples_seen_ += static_cast<std::uint64_t>(layout_.global_batch_size);
 
@@ -187,16 +184,11 @@ StepStats Trainer::step() {
   ps.zero_grads();
   GradBuckets& buckets = *buckets_;
   buckets.reset();
-  const bool last_rank = groups_.world->rank() == groups_.world->size() - 1;
-  const bool inject_nan = cfg_.debug.inject_nan_step == step_ && last_rank;
-  const bool inject_inf = cfg_.debug.inject_overflow_step == step_ && last_rank;
-  const std::size_t inject_at = inject_nan_offset_;
+  const std::optional<float> poison = faults_.gradient_poison(step_);
   bool injected = false;
   auto on_ready = [&](std::size_t offset) {
-    if ((inject_nan || inject_inf) && !injected && offset <= inject_at) {
-      const float poison = inject_nan ? std::numeric_limits<float>::quiet_NaN()
-                                      : std::numeric_limits<float>::infinity();
-      tensor::copy(ctx_, ps.grads_data() + inject_at, &poison, sizeof poison);
+    if (poison && !injected && offset <= poison_offset_) {
+      tensor::copy(ctx_, ps.grads_data() + poison_offset_, &*poison, sizeof(float));
       injected = true;
     }
     buckets.ready(offset);
@@ -210,13 +202,14 @@ StepStats Trainer::step() {
   st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
   double loss_sum = 0.0;
   std::int64_t valid = 0;
-  for (std::size_t m = 0; m < ids.size(); ++m) {
+  const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
+  for (std::size_t m = 0; m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
     split_rows(mb, micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
-    const bool last = m + 1 == ids.size();
+    const bool last = m + 1 == micro_batches;
     core::FlightScope scope("forward+backward of micro-batch " + std::to_string(m + 1) + "/" +
-                            std::to_string(ids.size()));
+                            std::to_string(micro_batches));
     loss_sum += model_->forward_backward(
         tokens_.data(), targets_.data(), backward_scale, &v,
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
@@ -312,8 +305,7 @@ StepStats Trainer::step() {
     }
   }
   st.t_optimizer = since(t0);
-  if (cfg_.debug.inject_divergence_rank == groups_.world->rank() && step_ == 0) {
-    // fault injection: the consistency check must see it
+  if (faults_.diverges_after(step_)) {  // the consistency check must see it
     float first = 0.0f;
     tensor::copy(ctx_, &first, ps.params_data(), sizeof first);
     first += 1e-3f;
@@ -395,8 +387,8 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
 ckpt::Metadata Trainer::checkpoint_metadata() const {
   ckpt::Metadata m;
   m.step = step_;
-  m.epoch = sampler_->position().epoch;
-  m.consumed = sampler_->position().consumed;
+  m.epoch = sampler().position().epoch;
+  m.consumed = sampler().position().consumed;
   m.samples_seen = samples_seen_;
   m.optimizer_steps = optimizer_->step_count();
   m.skipped_steps = skipped_;
@@ -464,7 +456,7 @@ void Trainer::restore(ckpt::Reader& reader) {
   skipped_ = m.skipped_steps;
   samples_seen_ = m.samples_seen;
   optimizer_->set_step_count(m.optimizer_steps);
-  sampler_->seek({m.epoch, m.consumed});
+  batches_->seek({m.epoch, m.consumed});
   // training.precision may not change on resume (resume.hpp), so an fp16 checkpoint's
   // scale is a real one.
   if (loss_scaling_) scaler_.set_state(m.loss_scale, m.loss_scale_clean_steps);

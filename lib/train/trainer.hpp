@@ -15,28 +15,17 @@
 #include "ckpt/checkpoint.hpp"
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
-#include "data/dataset/sampler.hpp"
 #include "model/dense_model.hpp"
+#include "runtime/startup_watchdog.hpp"
 #include "tensor/context.hpp"
+#include "train/faults.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/grad_norm.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
+#include "train/sample_store.hpp"
 
 namespace dst::train {
-
-/// Where samples' tokens come from: fills `out` with seq_len + 1 tokens per sample id.
-/// A sample may end in padding: model::kIgnoreIndex from some position to its end. Those
-/// targets are not scored (the loss is the mean over the real targets of the whole
-/// global batch), and the padded inputs are fed as token 0, whose outputs only ever
-/// predict padding.
-class SampleStore {
- public:
-  virtual ~SampleStore() = default;
-  virtual std::uint64_t num_samples() const = 0;
-  /// out: (ids.size(), seq_len + 1), host memory.
-  virtual void read(const std::vector<std::uint64_t>& ids, std::int32_t* out) = 0;
-};
 
 /// What one optimizer step did (identical on every rank).
 struct StepStats {
@@ -80,26 +69,34 @@ class NonFiniteGradients : public Error {
 
 class Trainer {
  public:
-  /// `ctx`: the back end the model runs on; its memory holds parameters, gradients and
-  /// moments. `grad_comm`: the data-parallel group the gradients are summed over, when it
-  /// is not groups.data (the NCCL communicator of a GPU run); the small host-side
-  /// reductions (loss, flags) always use groups.data.
-  /// `shared_grads` (parallel.backend shm, host kernels): the gradients live in its
-  /// shared memory and are summed there (make_shared_buffers() sizes it). With a second
-  /// buffer the parameters live there too, and the ranks share the update: each runs
-  /// AdamW on its part of the flat buffers (SharedSum::part_of) and the parameters are
-  /// gathered in place; the moments outside a rank's part are gathered only for a
-  /// checkpoint (docs/performance.md, "the optimizer shared by the ranks of a node").
-  Trainer(const config::RunConfig& config, const config::Layout& layout,
-          comm::ProcessGroups& groups, SampleStore& train, tensor::ExecContext ctx = {},
-          comm::Communicator* grad_comm = nullptr, comm::SharedSum* shared_grads = nullptr);
-  ~Trainer();
+  /// How the trainer is set up beyond the deck.
+  struct Options {
+    /// The back end the model runs on; its memory holds parameters, gradients, moments.
+    tensor::ExecContext ctx;
+    /// How the data group's gradients are summed (the resolved parallel.backend):
+    ///  - mpi: over groups.data (MPI);
+    ///  - nccl: over an NCCL communicator of groups.data on ctx.stream, made here (the
+    ///    small host-side reductions, loss and flags, still use groups.data);
+    ///  - shm: in shared memory of the data group (its ranks share one node), made here:
+    ///    the gradients live there and are summed there, the parameters too, and the
+    ///    ranks share the update: each runs AdamW on its part of the flat buffers
+    ///    (SharedSum::part_of) and the parameters are gathered in place; the moments
+    ///    outside a rank's part are gathered only for a checkpoint (docs/performance.md,
+    ///    "the optimizer shared by the ranks of a node").
+    std::string grad_comm = "mpi";
+    /// Names the start-up steps that make the NCCL communicator or the shared buffers
+    /// (a rank that does not arrive ends the job naming the step); none when null.
+    runtime::StartupWatchdog* watchdog = nullptr;
+  };
 
-  /// The shared-memory buffers of `data` for this deck's model and buckets: gradients
-  /// (buffer 0) and parameters (buffer 1), with a slot per bucket and one for the
-  /// parameters' gather (collective over `data`, whose ranks must share one node).
-  static std::unique_ptr<comm::SharedSum> make_shared_buffers(const config::RunConfig& config,
-                                                              comm::Communicator& data);
+  /// A trainer over `train`'s samples (the store must outlive it); collective over the
+  /// process groups.
+  Trainer(const config::RunConfig& config, const config::Layout& layout,
+          comm::ProcessGroups& groups, SampleStore& train, Options options);
+  Trainer(const config::RunConfig& config, const config::Layout& layout,
+          comm::ProcessGroups& groups, SampleStore& train)
+      : Trainer(config, layout, groups, train, Options{}) {}
+  ~Trainer();
 
   /// Deterministic initial parameters from run.seed (identical on every rank).
   void initialize_parameters();
@@ -151,7 +148,12 @@ class Trainer {
   model::DenseModel& model() { return *model_; }
   const AdamW& optimizer() const { return *optimizer_; }
   const tensor::ExecContext& context() const { return ctx_; }
-  data::Sampler& sampler() { return *sampler_; }
+  /// The training order: the run's one sampler (through the batch source).
+  const data::Sampler& sampler() const { return batches_->sampler(); }
+  /// Reads the training samples ahead for at most `steps` more steps (BatchSource).
+  void read_ahead(std::int64_t steps) { batches_->read_ahead(steps); }
+  /// The deck's fault injection as it applies to this rank.
+  const Faults& faults() const { return faults_; }
 
  private:
   /// checkpoint_tensors(), with the device's state copied into the host buffers (for a
@@ -160,11 +162,15 @@ class Trainer {
   const config::RunConfig& cfg_;
   config::Layout layout_;
   comm::ProcessGroups& groups_;
-  SampleStore& train_;
   tensor::ExecContext ctx_;
+  Faults faults_;
+  /// Made here for Options::grad_comm nccl and shm (before the model, which lives in the
+  /// shared buffers).
+  std::unique_ptr<comm::Communicator> device_comm_;
+  std::unique_ptr<comm::SharedSum> shared_;
   std::unique_ptr<model::DenseModel> model_;
   std::unique_ptr<AdamW> optimizer_;
-  std::unique_ptr<data::Sampler> sampler_;
+  std::unique_ptr<BatchSource> batches_;
   GradNorm norm_;
   std::vector<std::int32_t> batch_;             ///< (micro_batches, micro_batch_size, T + 1)
   std::vector<std::int32_t> tokens_, targets_;  ///< (micro_batch_size, T)
@@ -179,9 +185,8 @@ class Trainer {
   /// Gathers the flat buffer `data` (the moments) across the shared ranks, through the
   /// gradient buffer (free between steps).
   void gather_state(float* data) const;
-  std::size_t inject_nan_offset_ = 0;  ///< where debug.inject_nan_step puts its NaN
-                                       ///< (and debug.inject_overflow_step its inf)
-  bool loss_scaling_ = false;          ///< training.precision fp16
+  std::size_t poison_offset_ = 0;  ///< where Faults::gradient_poison goes
+  bool loss_scaling_ = false;      ///< training.precision fp16
   LossScaler scaler_;
   /// Device runs: host copies of parameters and moments (flat layout) for checkpoints.
   mutable std::vector<float> host_params_, host_m_, host_v_;
