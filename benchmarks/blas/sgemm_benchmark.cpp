@@ -175,11 +175,11 @@ void from_memory_args(benchmark::internal::Benchmark* b) {
     add(512, l);
 }
 
-// One head of causal attention as the model runs it on a host core (dense_model.cpp): the
-// six products of its 64-row query blocks (scores, P x V; d_probs, d_v; d_q, d_k), head_dim
-// 64, rows of q, k, v H x 64 floats apart (tiny: T 256, H 4; small: T 512, H 8). Each pass
-// runs them through OpenBLAS (gemm_strided_batched) or dstrain's kernel
-// (small_gemm_strided_batched; on a CPU without AVX-512F the same OpenBLAS calls).
+// One head of causal attention as the model runs it on a host core (model/layers/attention.cpp):
+// the six products of its 64-row query blocks (scores, P x V; d_probs, d_v; d_q, d_k), head_dim 64,
+// rows of q, k, v H x 64 floats apart (tiny: T 256, H 4; small: T 512, H 8). Each pass runs them
+// through OpenBLAS (gemm_strided_batched) or dstrain's kernel (small_gemm_strided_batched; on a CPU
+// without AVX-512F the same OpenBLAS calls).
 class AttentionHead {
  public:
   AttentionHead(std::int64_t t, std::int64_t heads)

@@ -281,6 +281,15 @@ void causal_softmax_backward(const ExecContext& ctx, const Tensor& probs, const 
                                             dscores.ptr<float>(), probs.numel() / t, t});
 }
 
+AttentionGrouping attention_grouping(const ExecContext& ctx) {
+  if (ctx.backend == Backend::cuda) return AttentionGrouping{false, 0};
+  // 64 rows: several of OpenBLAS's 16- or 32-row micro-kernel panels (ten 6-row tiles and
+  // one of 4 in dstrain's kernel, blas::small_gemm_strided_batched, which runs these
+  // products on AVX-512 CPUs), so the shorter products keep their efficiency (fewer,
+  // larger blocks skip less; more blocks pay a call per block and head).
+  return AttentionGrouping{true, 64};
+}
+
 // --- SwiGLU ------------------------------------------------------------------------------
 
 void swiglu_forward(const ExecContext& ctx, const Tensor& h1, const Tensor& h3, const Tensor& out) {

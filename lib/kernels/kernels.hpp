@@ -57,6 +57,31 @@ void causal_softmax_forward(const ExecContext& ctx, const Tensor& scores, float 
 void causal_softmax_backward(const ExecContext& ctx, const Tensor& probs, const Tensor& dprobs,
                              float scale, const Tensor& dscores);
 
+/// How the unfused causal attention (the products of blas::small_gemm_strided_batched
+/// around causal_softmax_*) is best grouped on ctx's back end: the model asks this instead
+/// of naming back ends. Every grouping gives the same bits: each product and each row's
+/// softmax is the same in any order, and each gradient that sums over heads and query
+/// blocks sums them in the same order.
+struct AttentionGrouping {
+  /// One (sequence, head) at a time: on a host core that head's (T, T) probabilities
+  /// (256 KiB at T = 256) stay in cache from the scores product through the softmax to
+  /// P x V, and in backward the score gradients never leave it; in one group the
+  /// B x H x T x T floats (8 MiB for tiny) would stream through memory between the products
+  /// and the softmax. False: every sequence and head in one group (a GPU, where each
+  /// launch costs more than it would save).
+  bool one_head_at_a_time = false;
+  /// Query rows per block: block [r0, r1) attends to keys [0, r1) only, so the products
+  /// skip the masked upper triangle (about 5/8 of the T x T work at four blocks; the
+  /// model-FLOP count keeps the full matrix, docs/performance.md). The entries beyond r1
+  /// are never computed; the softmax kernels never read them and write zeros there, so
+  /// P x V and every backward product see the same zeros as a full product. 0: the whole
+  /// sequence in one product per head (a GPU, where a launch costs more than the masked
+  /// work it would skip).
+  std::int64_t query_block = 0;
+};
+/// The grouping for ctx's back end. Never throws.
+AttentionGrouping attention_grouping(const ExecContext& ctx);
+
 // --- SwiGLU ------------------------------------------------------------------------------
 /// Writes out = silu(h1) * h3, silu(x) = x / (1 + exp(-x)).  h1, h3, out (N, F).
 void swiglu_forward(const ExecContext& ctx, const Tensor& h1, const Tensor& h3, const Tensor& out);

@@ -4,13 +4,14 @@
 /// key/value cache: the prompt is run once (prefill), then each new token costs one row
 /// of every layer instead of the whole sequence again.
 ///
-/// The arithmetic is the training model's (the same kernels and matrix products, the same
-/// RoPE tables), so the logits at every position equal DenseModel::forward's on the same
-/// tokens up to the order of the attention sums (tests/unit/model/decoder_test.cpp). The
-/// one piece not taken from kernels.hpp is the attention softmax over the cached keys:
-/// kernels::causal_softmax_forward handles square (T, T) blocks that start at position 0,
-/// and the rows here start at the cache's current position, so a small host loop applies
-/// the offset causal mask. The decoder therefore runs on the host (the Kokkos context).
+/// It runs the training model's layers (model/transformer.hpp: the same embedding, block
+/// and head code, the same kernels, matrix products and RoPE tables), so the logits at
+/// every position equal DenseModel::forward's on the same tokens up to the order of the
+/// attention sums (tests/unit/model/decoder_test.cpp): the attention takes its cached path
+/// (Attention::forward with a KVCache), whose softmax over the cached keys is a small host
+/// loop that applies the causal mask of rows starting at the cache's current position
+/// (kernels::causal_softmax_forward handles square blocks from position 0 only). The
+/// decoder therefore runs on the host (the Kokkos context).
 ///
 /// Sampling (greedy, temperature, top-k, top-p) draws from the counter-based generator
 /// of core/rng.hpp keyed by (seed, token index): a generation is a pure function of the

@@ -4,6 +4,8 @@
 ///   embedding -> L x [x += attn(rmsnorm(x)); x += mlp(rmsnorm(x))] -> rmsnorm -> head
 /// attn: causal self-attention, rotary embeddings (rotate-half), MHA or GQA;
 /// mlp: SwiGLU, down(silu(gate(x)) * up(x)); loss: cross-entropy with an ignore index.
+/// The layers are those of model/transformer.hpp (one class per layer kind in
+/// model/layers/); this class owns the buffers of a training micro-batch and runs them.
 ///
 /// Every buffer comes from the config, sized once: parameters and gradients in the
 /// ParamStore, activations kept for backward in one arena, backward scratch in another.
@@ -17,14 +19,12 @@
 #include <vector>
 
 #include "config/run_config.hpp"
+#include "model/layers/head.hpp"
 #include "model/param_store.hpp"
 #include "tensor/arena.hpp"
 #include "tensor/context.hpp"
 
 namespace dst::model {
-
-/// Targets equal to this are padding: no loss, no gradient (PyTorch's default).
-inline constexpr std::int32_t kIgnoreIndex = -100;
 
 /// Bytes a model instance takes, by kind (from the layout pass).
 struct ModelMemory {

@@ -11,35 +11,18 @@
 
 namespace dst::model {
 
-std::vector<ParamSpec> dense_parameter_layout(const config::ModelSection& m) {
-  const std::int64_t C = m.d_model;
-  const std::int64_t D = m.d_model / m.n_heads;  // head dim
-  const std::int64_t Q = m.n_heads * D;          // query width (= C)
-  const std::int64_t KV = m.n_kv_heads * D;      // key/value width
-  const std::int64_t F = m.ffn_dim;
-  const std::int64_t V = m.vocab_size;
-  const float out_std = kInitStd / std::sqrt(2.0f * static_cast<float>(m.n_layers));
-
-  std::vector<ParamSpec> p;
-  auto add = [&](std::string name, tensor::Shape shape, Init init, float std, bool decay) {
-    p.push_back(ParamSpec{std::move(name), shape, init, std, decay, 0});
-  };
-  add("model.embed_tokens.weight", {V, C}, Init::normal, kInitStd, true);
-  for (std::int64_t l = 0; l < m.n_layers; ++l) {
-    const std::string pre = "model.layers." + std::to_string(l) + ".";
-    add(pre + "input_layernorm.weight", {C}, Init::ones, 0.0f, false);
-    add(pre + "self_attn.q_proj.weight", {Q, C}, Init::normal, kInitStd, true);
-    add(pre + "self_attn.k_proj.weight", {KV, C}, Init::normal, kInitStd, true);
-    add(pre + "self_attn.v_proj.weight", {KV, C}, Init::normal, kInitStd, true);
-    add(pre + "self_attn.o_proj.weight", {C, Q}, Init::normal, out_std, true);
-    add(pre + "post_attention_layernorm.weight", {C}, Init::ones, 0.0f, false);
-    add(pre + "mlp.gate_proj.weight", {F, C}, Init::normal, kInitStd, true);  // w1
-    add(pre + "mlp.up_proj.weight", {F, C}, Init::normal, kInitStd, true);    // w3
-    add(pre + "mlp.down_proj.weight", {C, F}, Init::normal, out_std, true);   // w2
+std::string_view split_name(Split s) {
+  switch (s) {
+    case Split::replicated:
+      return "replicated";
+    case Split::column:
+      return "column";
+    case Split::row:
+      return "row";
+    case Split::vocab:
+      return "vocab";
   }
-  add("model.norm.weight", {C}, Init::ones, 0.0f, false);
-  if (!m.tie_embeddings) add("lm_head.weight", {V, C}, Init::normal, kInitStd, true);
-  return p;
+  return "?";
 }
 
 namespace {

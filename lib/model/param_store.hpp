@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/run_config.hpp"
@@ -26,6 +27,19 @@ enum class Init : std::uint8_t {
   ones,    ///< RMSNorm weights
 };
 
+/// How a parameter splits across the ranks of a tensor-parallel group (Megatron-LM's
+/// scheme, Shoeybi et al. 2019). Each layer records it with its parameters; nothing
+/// splits by it yet.
+enum class Split : std::uint8_t {
+  replicated,  ///< every rank holds all of it (norm weights)
+  column,      ///< (out, in) split by output rows: each rank computes a slice of the outputs
+  row,         ///< split by input columns: each rank reads a slice, the outputs are summed
+  vocab,       ///< split by vocabulary rows (the embedding and the lm head)
+};
+
+/// "replicated", "column", "row" or "vocab".
+std::string_view split_name(Split s);
+
 struct ParamSpec {
   std::string name;
   tensor::Shape shape;
@@ -33,6 +47,7 @@ struct ParamSpec {
   float std = 0.0f;          ///< for Init::normal
   bool weight_decay = true;  ///< false for norms (AdamW skips them)
   std::size_t offset = 0;    ///< elements from the start of the flat buffer (64-byte aligned)
+  Split split = Split::replicated;  ///< how tensor parallelism would split it
 };
 
 /// Standard deviation of every weight matrix at initialisation (Llama/DeepSeek-LLM
@@ -41,7 +56,9 @@ struct ParamSpec {
 /// (GPT-2, Radford et al. 2019, section 2.3).
 inline constexpr float kInitStd = 0.02f;
 
-/// The parameters of the dense DeepSeek-LLM decoder, in state-dict order, with offsets.
+/// The parameters of the dense DeepSeek-LLM decoder, in state-dict order, with offsets:
+/// each layer's parameter spec (lib/model/layers/), composed by Transformer
+/// (model/transformer.hpp), which defines this function.
 std::vector<ParamSpec> dense_parameter_layout(const config::ModelSection& m);
 
 /// Elements of each flat buffer (padding included) that a ParamStore of `specs` holds:

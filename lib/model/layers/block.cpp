@@ -1,0 +1,95 @@
+#include "model/layers/block.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/kernels.hpp"
+
+namespace dst::model {
+
+namespace {
+std::string layer_prefix(std::int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".";
+}
+
+/// The initial standard deviation of the output projections (o_proj, down_proj): kInitStd
+/// scaled by 1/sqrt(2 * n_layers), so the residual stream's variance does not grow with
+/// depth (GPT-2, Radford et al. 2019, section 2.3).
+float residual_std(const config::ModelSection& m) {
+  return kInitStd / std::sqrt(2.0f * static_cast<float>(m.n_layers));
+}
+}  // namespace
+
+Block::Block(const config::ModelSection& m, std::int64_t layer)
+    : norm1_(layer_prefix(layer) + "input_layernorm.weight", m.d_model,
+             static_cast<float>(m.norm_eps)),
+      attn_(layer_prefix(layer) + "self_attn.", m.d_model, m.n_heads, m.n_kv_heads,
+            residual_std(m)),
+      norm2_(layer_prefix(layer) + "post_attention_layernorm.weight", m.d_model,
+             static_cast<float>(m.norm_eps)),
+      mlp_(layer_prefix(layer) + "mlp.", m.d_model, m.ffn_dim, residual_std(m)),
+      C_(m.d_model) {}
+
+void Block::declare(std::vector<ParamSpec>& specs) const {
+  norm1_.declare(specs);
+  attn_.declare(specs);
+  norm2_.declare(specs);
+  mlp_.declare(specs);
+}
+
+void Block::bind(const ParamStore& params) {
+  norm1_.bind(params);
+  attn_.bind(params);
+  norm2_.bind(params);
+  mlp_.bind(params);
+}
+
+BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const {
+  const std::int64_t N = B * T;
+  BlockActs a;
+  a.x = arena.take("x", {N, C_}, DType::f32);
+  a.norm1 = norm1_.take(arena, N, "ln1", "rstd1");
+  a.attn = attn_.take(arena, B, T, fused);
+  a.mid = arena.take("mid", {N, C_}, DType::f32);
+  a.norm2 = norm2_.take(arena, N, "ln2", "rstd2");
+  a.mlp = mlp_.take(arena, N);
+  return a;
+}
+
+BlockScratch Block::take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T,
+                                 bool fused) const {
+  BlockScratch s;
+  s.d_ln = arena.take("d_ln", {B * T, C_}, DType::f32);
+  s.attn = attn_.take_scratch(arena, B, T, fused);
+  s.mlp = mlp_.take_scratch(arena, B * T);
+  return s;
+}
+
+void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                    const BlockActs& a, const tensor::Tensor& out, const KVCache* cache) const {
+  // store(): each activation as a 16-bit back end would keep it (identity for f32).
+  // Norm statistics (rstd), softmax and the loss reduce in fp32 and are not rounded.
+  norm1_.forward(c, a.x, a.norm1);
+  attn_.forward(c, rope, B, T, a.norm1.out, a.attn, a.mid, cache);
+  kernels::add(c.ctx, a.mid, a.x, a.mid);
+  c.store(a.mid);  // the residual stream
+  norm2_.forward(c, a.mid, a.norm2);
+  mlp_.forward(c, a.norm2.out, a.mlp, out);
+  kernels::add(c.ctx, out, a.mid, out);
+  c.store(out);  // the residual stream: the next block's input
+}
+
+void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                     const BlockActs& a, const BlockScratch& s, const tensor::Tensor& d_x,
+                     const OnReady& ready) const {
+  // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
+  mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
+  norm2_.backward(c, s.d_ln, a.mid, a.norm2, d_x);
+  ready(c.offset(norm2_.weight()));  // a chance to poll in-flight buckets mid-block
+  // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
+  attn_.backward(c, rope, B, T, d_x, a.norm1.out, a.attn, s.attn, s.d_ln);
+  norm1_.backward(c, s.d_ln, a.x, a.norm1, d_x);
+  ready(c.offset(norm1_.weight()));  // the block's first tensor: the whole block is final
+}
+
+}  // namespace dst::model

@@ -1,0 +1,35 @@
+#pragma once
+/// \file embedding.hpp
+/// The token embedding: row `token` of the (vocab, d_model) table for each token.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/layers/layer.hpp"
+
+namespace dst::model {
+
+class Embedding {
+ public:
+  Embedding(std::int64_t vocab, std::int64_t dim);
+
+  /// model.embed_tokens.weight (vocab, dim), split by vocabulary rows.
+  void declare(std::vector<ParamSpec>& specs) const;
+  void bind(const ParamStore& params);
+  /// The table's parameter index (the head reads it when the embeddings are tied).
+  std::size_t table() const { return table_; }
+
+  /// out (N, dim) = table[tokens] for tokens (N) i32. Keeps nothing for backward but the
+  /// tokens themselves.
+  void forward(const Compute& c, const tensor::Tensor& tokens, const tensor::Tensor& out) const;
+  /// Accumulates dout (N, dim) into the table's gradient rows of `tokens`.
+  void backward(const Compute& c, const tensor::Tensor& tokens, const tensor::Tensor& dout) const;
+
+ private:
+  std::int64_t vocab_;
+  std::int64_t dim_;
+  std::size_t table_ = 0;
+};
+
+}  // namespace dst::model

@@ -1,0 +1,71 @@
+#include "model/layers/head.hpp"
+
+#include <algorithm>
+
+#include "blas/gemm.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dst::model {
+
+namespace {
+constexpr const char* kHeadName = "lm_head.weight";
+constexpr const char* kTiedName = "model.embed_tokens.weight";  // Embedding's table
+}  // namespace
+
+Head::Head(const config::ModelSection& m)
+    : norm_("model.norm.weight", m.d_model, static_cast<float>(m.norm_eps)),
+      tied_(m.tie_embeddings),
+      vocab_(m.vocab_size),
+      dim_(m.d_model) {}
+
+void Head::declare(std::vector<ParamSpec>& specs) const {
+  norm_.declare(specs);
+  if (!tied_)
+    add_param(specs, kHeadName, {vocab_, dim_}, Init::normal, kInitStd, true, Split::vocab);
+}
+
+void Head::bind(const ParamStore& params) {
+  norm_.bind(params);
+  head_ = params.index_of(tied_ ? kTiedName : kHeadName);
+}
+
+HeadActs Head::take(tensor::Arena& arena, std::int64_t rows) const {
+  HeadActs a;
+  a.x = arena.take("final_x", {rows, dim_}, DType::f32);
+  a.norm = norm_.take(arena, rows, "lnf", "rstdf");
+  a.logits = arena.take("logits", {rows, vocab_}, DType::f32);
+  a.losses = arena.take("losses", {rows}, DType::f32);
+  return a;
+}
+
+void Head::forward(const Compute& c, const tensor::Tensor& x, const RmsNormActs& norm,
+                   const tensor::Tensor& logits) const {
+  norm_.forward(c, x, norm);
+  blas::linear_forward(c.ctx, norm.out, c.weight(head_), logits);
+  c.store(logits);  // the loss itself is computed in fp32 from the stored logits
+}
+
+void Head::loss(const Compute& c, const HeadActs& a, const tensor::Tensor& targets) const {
+  kernels::cross_entropy_forward(c.ctx, a.logits, targets, kIgnoreIndex, a.losses);
+}
+
+void Head::loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::Tensor& targets,
+                             float grad_scale) const {
+  kernels::cross_entropy_fused(c.ctx, a.logits, targets, kIgnoreIndex, grad_scale, a.losses,
+                               a.logits);
+}
+
+void Head::backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
+                    const tensor::Tensor& d_x, const OnReady& ready) const {
+  // Weight gradients accumulate in fp32 (the ParamStore's gradient buffer); the
+  // activation gradients that feed matrix products are stored (Compute::store) like the
+  // forward's activations, which is where fp16 needs the loss scale.
+  c.store(a.logits);
+  blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
+  kernels::zero(c.ctx, d_x);
+  norm_.backward(c, d_ln, a.x, a.norm, d_x);
+  // Tied: the head's gradient is the embedding's, final only at the very end.
+  if (!tied_) ready(std::min(c.offset(norm_.weight()), c.offset(head_)));
+}
+
+}  // namespace dst::model

@@ -1,0 +1,61 @@
+#pragma once
+/// \file head.hpp
+/// The output head and the loss: final RMSNorm, lm_head (or the embedding table when the
+/// embeddings are tied) to logits, cross-entropy with an ignore index.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "model/layers/layer.hpp"
+#include "model/layers/rmsnorm.hpp"
+#include "tensor/arena.hpp"
+
+namespace dst::model {
+
+/// Targets equal to this are padding: no loss, no gradient (PyTorch's default).
+inline constexpr std::int32_t kIgnoreIndex = -100;
+
+/// What the head keeps from forward for backward.
+struct HeadActs {
+  tensor::Tensor x;       // (N, C) its input: the last block's output
+  RmsNormActs norm;       // (N, C), (N)
+  tensor::Tensor logits;  // (N, V); d(loss)/d(logits) after loss_and_gradient()
+  tensor::Tensor losses;  // (N) per-token losses, fp32
+};
+
+class Head {
+ public:
+  explicit Head(const config::ModelSection& m);
+
+  /// model.norm.weight, then lm_head.weight (V, C) split by vocabulary rows unless the
+  /// embeddings are tied.
+  void declare(std::vector<ParamSpec>& specs) const;
+  void bind(const ParamStore& params);
+
+  HeadActs take(tensor::Arena& arena, std::int64_t rows) const;
+
+  /// logits (N, V) = lm_head(rmsnorm(x)) for x (N, C); keeps norm.
+  void forward(const Compute& c, const tensor::Tensor& x, const RmsNormActs& norm,
+               const tensor::Tensor& logits) const;
+  /// a.losses: the per-token cross-entropy of a.logits against targets (N) i32 (0 where
+  /// a target is kIgnoreIndex).
+  void loss(const Compute& c, const HeadActs& a, const tensor::Tensor& targets) const;
+  /// The same, and a.logits becomes d(grad_scale * sum of losses)/d(logits) in place.
+  void loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::Tensor& targets,
+                         float grad_scale) const;
+  /// d_x (N, C) = d(loss)/d(a.x) (written) from the gradient in a.logits; accumulates the
+  /// weights' gradients, using d_ln (N, C) as scratch. Calls ready() when the head's own
+  /// gradients are final (not when tied: the embedding's backward adds to them).
+  void backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
+                const tensor::Tensor& d_x, const OnReady& ready) const;
+
+ private:
+  RmsNorm norm_;
+  bool tied_;
+  std::int64_t vocab_, dim_;
+  std::size_t head_ = 0;
+};
+
+}  // namespace dst::model

@@ -1,0 +1,61 @@
+#pragma once
+/// \file layer.hpp
+/// What every layer of the model (embedding, rmsnorm, attention, mlp, head; block.hpp
+/// composes them) shares: the context it computes in (Compute), how it adds its
+/// parameters to the model's layout, and row views of activations.
+///
+/// A layer kind is a class with its parameter spec (declare(): names, shapes, init and
+/// tensor-parallel split, appended in state-dict order; bind(): the indices of those names
+/// in a ParamStore), a forward, a backward, and its activation record (a struct of the
+/// tensors the forward keeps for the backward, taken from an arena by take()).
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "model/param_store.hpp"
+#include "tensor/context.hpp"
+#include "tensor/tensor.hpp"
+
+namespace dst::model {
+
+/// The context the layers compute in: the back end, the storage type the run emulates
+/// (docs/precision.md), and the parameters they read and whose gradients they accumulate.
+struct Compute {
+  tensor::ExecContext ctx;
+  /// f32, or bf16 / f16: activations are rounded to it where a 16-bit back end would
+  /// store them (store()), and the weights are read from the rounded compute copy.
+  DType storage = DType::f32;
+  const ParamStore* params = nullptr;
+  /// (params->buffer_elements()) the master parameters rounded to `storage`, in the
+  /// store's layout; nullptr: the layers read the master parameters (f32).
+  float* compute_base = nullptr;
+
+  /// The weights of parameter `i` the forward and backward compute with: the master
+  /// parameter (f32), or its rounded compute copy (bf16/f16).
+  tensor::Tensor weight(std::size_t i) const;
+  /// The fp32 gradient of parameter `i` (accumulated into by the backward).
+  tensor::Tensor grad(std::size_t i) const { return params->grad(i); }
+  /// Where parameter `i` starts in the flat buffers (what OnReady reports).
+  std::size_t offset(std::size_t i) const { return params->spec(i).offset; }
+  /// Where a 16-bit back end would store `t` (an activation, or an activation's gradient
+  /// that feeds a matrix product): rounds it to the storage type. Nothing for f32. The
+  /// one place the model's emulated precision is applied to activations.
+  void store(const tensor::Tensor& t) const;
+};
+
+/// Called during backward each time the gradients of every parameter at flat-buffer
+/// offsets >= the argument are final for this micro-batch (DenseModel::forward_backward).
+using OnReady = std::function<void(std::size_t)>;
+
+/// Appends a parameter to a layout (the offset is assigned by the ParamStore).
+void add_param(std::vector<ParamSpec>& specs, std::string name, const tensor::Shape& shape,
+               Init init, float std, bool weight_decay, Split split);
+
+/// Rows [first, first + n) of a 1-D or 2-D tensor (rows are contiguous).
+tensor::Tensor row_range(const tensor::Tensor& t, std::int64_t first, std::int64_t n);
+
+}  // namespace dst::model

@@ -1,0 +1,56 @@
+#pragma once
+/// \file transformer.hpp
+/// The dense decoder's layers in order: an embedding, n_layers blocks and a head
+///   embedding -> blocks [0, L) -> head (final norm, lm head, loss)
+/// with the parameter layout they declare, and the forward and backward of a range of
+/// blocks [first, last): what a pipeline stage runs. DenseModel (training) and Decoder
+/// (KV-cache inference) compute through the same layers; each owns its buffers.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "model/layers/attention.hpp"
+#include "model/layers/block.hpp"
+#include "model/layers/embedding.hpp"
+#include "model/layers/head.hpp"
+#include "model/layers/layer.hpp"
+#include "model/param_store.hpp"
+
+namespace dst::model {
+
+class Transformer {
+ public:
+  explicit Transformer(const config::ModelSection& m);
+
+  /// Every layer's parameters in state-dict order (offsets are assigned by ParamStore).
+  std::vector<ParamSpec> parameter_layout() const;
+  /// Resolves every layer's parameters in `params` by name.
+  void bind(const ParamStore& params);
+
+  const Embedding& embedding() const { return embedding_; }
+  const Block& block(std::int64_t l) const { return blocks_[static_cast<std::size_t>(l)]; }
+  std::int64_t n_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
+  const Head& head() const { return head_; }
+
+  /// Blocks [first, last) forward over B sequences of T tokens: block l reads acts[l].x
+  /// and writes the next block's input acts[l + 1].x, the last one `out` (N, C).
+  void forward_blocks(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                      const std::vector<BlockActs>& acts, std::int64_t first, std::int64_t last,
+                      const tensor::Tensor& out) const;
+  /// Blocks [first, last) backward, from last - 1 down to first: d_x holds d(loss)/d(the
+  /// range's output) on entry, d(loss)/d(acts[first].x) on return. ready(): see
+  /// Block::backward.
+  void backward_blocks(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                       const std::vector<BlockActs>& acts, const BlockScratch& s,
+                       std::int64_t first, std::int64_t last, const tensor::Tensor& d_x,
+                       const OnReady& ready) const;
+
+ private:
+  Embedding embedding_;
+  std::vector<Block> blocks_;
+  Head head_;
+};
+
+}  // namespace dst::model

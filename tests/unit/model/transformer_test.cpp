@@ -1,0 +1,146 @@
+// The model's layers as units: the parameter specs each layer kind declares (names,
+// order, tensor-parallel split), and the block-range API a pipeline stage will use.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "model/dense_model.hpp"
+#include "model/transformer.hpp"
+
+namespace {
+
+using dst::model::DenseModel;
+using dst::tensor::Arena;
+using dst::tensor::Tensor;
+
+dst::config::ModelSection three_blocks() {
+  dst::config::ModelSection m;
+  m.preset = "test";
+  m.vocab_size = 13;
+  m.d_model = 8;
+  m.n_layers = 3;
+  m.n_heads = 2;
+  m.n_kv_heads = 1;
+  m.ffn_dim = 12;
+  m.max_seq_len = 8;
+  return m;
+}
+
+std::string splits(const std::vector<dst::model::ParamSpec>& specs) {
+  std::string s;
+  for (const auto& p : specs)
+    s += p.name + " " + std::string(dst::model::split_name(p.split)) + "\n";
+  return s;
+}
+
+TEST(Transformer, EachLayerDeclaresItsParametersWithTheirTensorParallelSplit) {
+  auto m = three_blocks();
+  m.n_layers = 1;
+  EXPECT_EQ(splits(dst::model::dense_parameter_layout(m)),
+            "model.embed_tokens.weight vocab\n"
+            "model.layers.0.input_layernorm.weight replicated\n"
+            "model.layers.0.self_attn.q_proj.weight column\n"
+            "model.layers.0.self_attn.k_proj.weight column\n"
+            "model.layers.0.self_attn.v_proj.weight column\n"
+            "model.layers.0.self_attn.o_proj.weight row\n"
+            "model.layers.0.post_attention_layernorm.weight replicated\n"
+            "model.layers.0.mlp.gate_proj.weight column\n"
+            "model.layers.0.mlp.up_proj.weight column\n"
+            "model.layers.0.mlp.down_proj.weight row\n"
+            "model.norm.weight replicated\n"
+            "lm_head.weight vocab\n");
+  m.tie_embeddings = true;  // the head reads the embedding's table: no lm_head
+  const auto tied = dst::model::dense_parameter_layout(m);
+  EXPECT_EQ(tied.back().name, "model.norm.weight");
+  EXPECT_EQ(tied.size(), 11u);
+}
+
+/// Every buffer of a two-stage run over `net`: blocks [0, cut) and [cut, L).
+struct Buffers {
+  Tensor tokens, targets;
+  std::vector<dst::model::BlockActs> blocks;
+  dst::model::HeadActs head;
+  dst::model::Rope rope;
+  Tensor d_x;
+  dst::model::BlockScratch scratch;
+
+  void take(Arena& a, const dst::model::Transformer& net, std::int64_t B, std::int64_t T) {
+    tokens = a.take("tokens", {B * T}, dst::DType::i32);
+    targets = a.take("targets", {B * T}, dst::DType::i32);
+    blocks.clear();
+    for (std::int64_t l = 0; l < net.n_blocks(); ++l)
+      blocks.push_back(net.block(l).take(a, B, T, false));
+    head = net.head().take(a, B * T);
+    rope = dst::model::Rope::take(a, T, net.block(0).head_dim());
+    d_x = a.take("d_x", {B * T, head.x.shape[1]}, dst::DType::f32);
+    scratch = net.block(0).take_scratch(a, B, T, false);
+  }
+};
+
+TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
+  const auto m = three_blocks();
+  const std::int64_t B = 2, T = 5, N = B * T, cut = 1;
+  DenseModel model(m, B, T, Arena::Mode::allocate);
+  model.params().initialize(3);
+  std::vector<std::int32_t> tokens, targets;
+  for (std::int64_t i = 0; i < N; ++i) {
+    tokens.push_back(static_cast<std::int32_t>((7 * i + 2) % m.vocab_size));
+    targets.push_back(i == 4 ? dst::model::kIgnoreIndex
+                             : static_cast<std::int32_t>((5 * i + 1) % m.vocab_size));
+  }
+  model.params().zero_grads();
+  const double loss = model.forward_backward(tokens.data(), targets.data(), 0.5f);
+  const auto elements = model.params().buffer_elements();
+  const std::vector<float> grads(model.params().grads_data(),
+                                 model.params().grads_data() + elements);
+  const Tensor want_dlogits = model.logits();
+
+  // The same layers as two pipeline stages over buffers of their own.
+  dst::model::Transformer net(m);
+  net.bind(model.params());
+  dst::model::Compute c;
+  c.params = &model.params();
+  Buffers b;
+  Arena plan("test", Arena::Mode::plan);
+  b.take(plan, net, B, T);
+  Arena arena("test", Arena::Mode::allocate, plan.used_bytes());
+  b.take(arena, net, B, T);
+  b.rope.fill(c.ctx, m.rope_theta);
+  std::memcpy(b.tokens.data, tokens.data(), tokens.size() * sizeof(std::int32_t));
+  std::memcpy(b.targets.data, targets.data(), targets.size() * sizeof(std::int32_t));
+  model.params().zero_grads();
+  net.embedding().forward(c, b.tokens, b.blocks[0].x);
+  net.forward_blocks(c, b.rope, B, T, b.blocks, 0, cut, b.blocks[cut].x);
+  net.forward_blocks(c, b.rope, B, T, b.blocks, cut, m.n_layers, b.head.x);
+  net.head().forward(c, b.head.x, b.head.norm, b.head.logits);
+  net.head().loss_and_gradient(c, b.head, b.targets, 0.5f);
+  std::vector<std::size_t> ready;
+  const dst::model::OnReady on_ready = [&](std::size_t offset) { ready.push_back(offset); };
+  net.head().backward(c, b.head, b.scratch.d_ln, b.d_x, on_ready);
+  net.backward_blocks(c, b.rope, B, T, b.blocks, b.scratch, cut, m.n_layers, b.d_x, on_ready);
+  net.backward_blocks(c, b.rope, B, T, b.blocks, b.scratch, 0, cut, b.d_x, on_ready);
+  net.embedding().backward(c, b.tokens, b.d_x);
+
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < N; ++i)
+    if (targets[static_cast<std::size_t>(i)] != dst::model::kIgnoreIndex)
+      sum += static_cast<double>(b.head.losses.ptr<float>()[i]);
+  EXPECT_EQ(sum, loss);
+  EXPECT_EQ(std::memcmp(b.head.logits.data, want_dlogits.data, N * m.vocab_size * sizeof(float)),
+            0);
+  EXPECT_EQ(std::memcmp(model.params().grads_data(), grads.data(), elements * sizeof(float)), 0);
+  // The head, then each block twice (mid-block and whole), last block first.
+  ASSERT_EQ(ready.size(), 1u + 2u * static_cast<std::size_t>(m.n_layers));
+  EXPECT_EQ(
+      ready.back(),
+      model.params().spec(model.params().index_of("model.layers.0.input_layernorm.weight")).offset);
+
+  EXPECT_THROW(net.forward_blocks(c, b.rope, B, T, b.blocks, 2, 4, b.head.x), dst::Error);
+  EXPECT_THROW(net.backward_blocks(c, b.rope, B, T, b.blocks, b.scratch, 2, 1, b.d_x, on_ready),
+               dst::Error);
+}
+
+}  // namespace
