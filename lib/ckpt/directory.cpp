@@ -292,7 +292,7 @@ int Directory::clean_leftovers() {
     });
   }
   comm.agree(err);
-  comm.broadcast_u64(&removed, 1, 0);
+  comm.broadcast(&removed, 1, MPI_UINT64_T, 0);
   return static_cast<int>(removed);
 }
 
@@ -327,9 +327,9 @@ IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
     throw *e;
   }
   double write_s = seconds_since(t_write);
-  comm.allreduce_double(&write_s, 1, MPI_MAX);
+  comm.allreduce(&write_s, 1, MPI_DOUBLE, MPI_MAX);
   std::uint64_t collective = written.collective ? 1 : 0;
-  comm.allreduce_u64(&collective, 1, MPI_MIN);
+  comm.allreduce(&collective, 1, MPI_UINT64_T, MPI_MIN);
 
   // Commit, on rank 0 (docs/checkpoint.md, "commit protocol"). [fsync s, hash s, size].
   double commit_figures[3] = {0, 0, 0};
@@ -360,8 +360,8 @@ IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
   }
   comm.agree(err);
   if (comm.rank() == 0 && keep_last > 0) prune(committed(), keep_last, final_path);
-  comm.allreduce_double(commit_figures, 3, MPI_MAX);  // rank 0's figures; others hold 0
-  comm.allreduce_u64(&file_bytes, 1, MPI_MAX);
+  comm.allreduce(commit_figures, 3, MPI_DOUBLE, MPI_MAX);  // rank 0's figures; others hold 0
+  comm.allreduce(&file_bytes, 1, MPI_UINT64_T, MPI_MAX);
 
   stats.bytes = file_bytes;
   stats.bytes_this_rank = written.bytes_this_rank;

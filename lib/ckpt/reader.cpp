@@ -190,7 +190,7 @@ Reader::Reader(MPI_Comm comm, const std::string& file, double timeout_s, const I
   } else {
     bounded.agree(std::nullopt);
   }
-  bounded.broadcast_u64(figures, 2, 0);
+  bounded.broadcast(figures, 2, MPI_UINT64_T, 0);
   stats_.bytes = figures[0];
   stats_.hash_seconds = static_cast<double>(figures[1]) * 1e-9;
 
@@ -290,7 +290,7 @@ std::uint64_t Reader::read_and_hash(const TensorInfo& info, float* out) {
           offsets[r] = all[r][k].begin * rs.row_elements;
           counts[r] = all[r][k].rows() * rs.row_elements;
         }
-      bounded.exchange_pieces(out, offsets, counts);
+      bounded.exchange_pieces(out, offsets, counts, "exchange of tensor pieces (broadcast)");
     }
   }
   stats_.seconds += seconds_since(t0);

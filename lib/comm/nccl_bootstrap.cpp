@@ -10,6 +10,7 @@
 #include "core/flight_recorder.hpp"
 #include "core/poll_policy.hpp"
 #include "core/step_context.hpp"
+#include "runtime/mpi_check.hpp"
 
 #if DSTRAIN_HAVE_NCCL
 #include "comm/nccl_communicator.hpp"
@@ -25,12 +26,8 @@ std::string group_text(const std::string& name, int size) {
 
 /// World rank for messages; -1 when MPI is not running (the probes need no MPI).
 int world_rank() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
   int rank = -1;
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (runtime::mpi_is_up()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
 
