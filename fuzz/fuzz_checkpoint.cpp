@@ -44,7 +44,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/manifest.hpp"
-#include "data/dataset/hdf5_lock.hpp"
+#include "h5/lock.hpp"
 #include "h5_generator.hpp"
 
 namespace {
@@ -386,7 +386,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   }
   g_work = g_dir + "/work/" + fs::path(base).filename().string();
 
-  dst::data::Hdf5Lock lock;
+  dst::h5::Lock lock;
   const hid_t f = H5Fopen(base.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   hsize_t idx = 0;
   H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr, &g_root_attrs);
@@ -411,7 +411,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   int applied = 0;
   bool huge = false;
   {
-    dst::data::Hdf5Lock lock;
+    dst::h5::Lock lock;
     try {
       applied = mutate(p, huge);
     } catch (const GiveUp&) {

@@ -44,9 +44,9 @@
 
 #include "data/dataset/batch_reader.hpp"
 #include "data/dataset/dataset_error.hpp"
-#include "data/dataset/hdf5_lock.hpp"
 #include "data/dataset/shard_format.hpp"
 #include "data/dataset/token_dataset.hpp"
+#include "h5/lock.hpp"
 #include "h5_generator.hpp"
 
 namespace {
@@ -540,7 +540,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The dataset: shard a alone (a used-up input), or a manifest or glob naming a and b.
   std::string source = g_path_a;
   {
-    dst::data::Hdf5Lock lock;  // as every HDF5 user in the process must
+    dst::h5::Lock lock;  // as every HDF5 user in the process must
     std::remove(g_path_b.c_str());
     try {
       const int mode = choice(p, 2, 2);  // drawn first: the generator may use up the input
@@ -598,7 +598,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     all_full_ok = all_full_ok && full_ok;
     if (header_ok) headers.push_back(header);
     if (full_ok) {
-      dst::data::Hdf5Lock lock;
+      dst::h5::Lock lock;
       const auto tokens = reference_check(header);
       stream.insert(stream.end(), tokens.begin(), tokens.end());
     }

@@ -19,7 +19,7 @@
 #include "ckpt/manifest.hpp"
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
-#include "data/dataset/hdf5_lock.hpp"
+#include "h5/lock.hpp"
 
 namespace dst::ckpt {
 
@@ -27,7 +27,6 @@ namespace fs = std::filesystem;
 using detail::Bounded;
 using detail::capture;
 using detail::Clock;
-using detail::H5Id;
 using detail::numel;
 using detail::seconds_since;
 using Kind = CheckpointError::Kind;
@@ -89,14 +88,14 @@ void write_text(hid_t file, const char* name, const std::string& text, int rank,
                 const std::string& where) {
   using namespace detail;
   const std::string value = text.empty() ? std::string(1, '\0') : text;
-  H5Id type(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
+  h5::Handle type(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
   DST_CKPT_H5(H5Tset_size(type.get(), value.size()), where);
   DST_CKPT_H5(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), where);
-  H5Id space(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
-  H5Id dset(DST_CKPT_H5(
+  h5::Handle space(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
+  h5::Handle dset(DST_CKPT_H5(
       H5Dcreate2(file, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
       where + " /" + name));
-  H5Id sel(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
+  h5::Handle sel(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
   if (rank != 0) DST_CKPT_H5(H5Sselect_none(sel.get()), where);
   DST_CKPT_H5(H5Dwrite(dset.get(), type.get(), sel.get(), sel.get(), dxpl, value.data()),
               where + " /" + name);
@@ -130,7 +129,7 @@ void write_metadata(hid_t file, const Metadata& m, int rank, hid_t dxpl, const s
   // The deck and the tokenizer may outgrow an attribute (64 KiB in HDF5's default object
   // header), so they are datasets: scalar fixed-length strings, written by rank 0 (the
   // others select none). The tokenizer's JSON is stored only when the run has one.
-  H5Id group(
+  h5::Handle group(
       DST_CKPT_H5(H5Gcreate2(file, kMetaGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where));
   write_text(file, kDeckDataset, m.deck_yaml, rank, dxpl, where);
   if (!m.tokenizer_json.empty())
@@ -149,17 +148,17 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
                        const Metadata& meta, const std::vector<TensorRef>& tensors,
                        const std::vector<std::uint64_t>& sums, int rank, int size,
                        SaveFaults faults) {
-  data::Hdf5Lock lock;
+  h5::Lock lock;
   WriteResult result;
-  H5Id fapl = detail::make_mpio_fapl(comm_mpi, io, tmp);
-  H5Id file(DST_CKPT_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), tmp));
-  H5Id dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), tmp));
+  h5::Handle fapl = detail::make_mpio_fapl(comm_mpi, io, tmp);
+  h5::Handle file(DST_CKPT_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), tmp));
+  h5::Handle dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), tmp));
   DST_CKPT_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
   write_metadata(file.get(), meta, rank, dxpl.get(), tmp);
 
-  H5Id lcpl(DST_CKPT_H5(H5Pcreate(H5P_LINK_CREATE), tmp));
+  h5::Handle lcpl(DST_CKPT_H5(H5Pcreate(H5P_LINK_CREATE), tmp));
   DST_CKPT_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
-  H5Id dcpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_CREATE), tmp));
+  h5::Handle dcpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_CREATE), tmp));
   DST_CKPT_H5(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), tmp);
   // Space is allocated at creation and never filled: every byte is written by us, and a
   // fill would write the whole file twice.
@@ -176,13 +175,13 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
     const std::string where = tmp + " tensor " + t.name;
     const std::uint64_t n = numel(t.shape);
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    H5Id fspace(DST_CKPT_H5(
+    h5::Handle fspace(DST_CKPT_H5(
         t.shape.empty() ? H5Screate(H5S_SCALAR)
                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
         where));
-    H5Id dset(DST_CKPT_H5(H5Dcreate2(file.get(), t.name.c_str(), H5T_IEEE_F32LE, fspace.get(),
-                                     lcpl.get(), dcpl.get(), H5P_DEFAULT),
-                          where));
+    h5::Handle dset(DST_CKPT_H5(H5Dcreate2(file.get(), t.name.c_str(), H5T_IEEE_F32LE, fspace.get(),
+                                           lcpl.get(), dcpl.get(), H5P_DEFAULT),
+                                where));
     detail::write_attr_u64(dset.get(), detail::kChecksumAttr, sums[i], where);
     if (n > 0) {
       const auto rs = detail::row_shape(t.shape);
@@ -196,7 +195,7 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
       for (std::size_t k = 0; k < calls; ++k) {
         const bool active = k < mine.size();
         const hsize_t count = active ? mine[k].rows() * rs.row_elements : 1;
-        H5Id mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
+        h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
         if (!active) {
           DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
           DST_CKPT_H5(H5Sselect_none(fspace.get()), where);
@@ -220,7 +219,7 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
         if (active) result.bytes_this_rank += count * sizeof(float);
       }
     }
-    dset.close_checked(where);
+    dset.close_checked(where, detail::raise_checkpoint_error);
     offset += n;
     if (faults.exit_rank == rank && i + 1 == exit_after) {
       log::error("checkpoint save " + tmp + ": debug fault injection: rank " +
@@ -229,7 +228,7 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
       ::_exit(kExitInjected);
     }
   }
-  file.close_checked(tmp);
+  file.close_checked(tmp, detail::raise_checkpoint_error);
   return result;
 }
 
@@ -292,7 +291,7 @@ int Directory::clean_leftovers() {
     });
   }
   comm.agree(err);
-  comm.broadcast_u64(&removed, 1, 0);
+  comm.broadcast(&removed, 1, MPI_UINT64_T, 0);
   return static_cast<int>(removed);
 }
 
@@ -327,9 +326,9 @@ IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
     throw *e;
   }
   double write_s = seconds_since(t_write);
-  comm.allreduce_double(&write_s, 1, MPI_MAX);
+  comm.allreduce(&write_s, 1, MPI_DOUBLE, MPI_MAX);
   std::uint64_t collective = written.collective ? 1 : 0;
-  comm.allreduce_u64(&collective, 1, MPI_MIN);
+  comm.allreduce(&collective, 1, MPI_UINT64_T, MPI_MIN);
 
   // Commit, on rank 0 (docs/checkpoint.md, "commit protocol"). [fsync s, hash s, size].
   double commit_figures[3] = {0, 0, 0};
@@ -360,8 +359,8 @@ IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
   }
   comm.agree(err);
   if (comm.rank() == 0 && keep_last > 0) prune(committed(), keep_last, final_path);
-  comm.allreduce_double(commit_figures, 3, MPI_MAX);  // rank 0's figures; others hold 0
-  comm.allreduce_u64(&file_bytes, 1, MPI_MAX);
+  comm.allreduce(commit_figures, 3, MPI_DOUBLE, MPI_MAX);  // rank 0's figures; others hold 0
+  comm.allreduce(&file_bytes, 1, MPI_UINT64_T, MPI_MAX);
 
   stats.bytes = file_bytes;
   stats.bytes_this_rank = written.bytes_this_rank;

@@ -15,14 +15,13 @@
 #include "ckpt/detail/partition.hpp"
 #include "ckpt/detail/timing.hpp"
 #include "ckpt/manifest.hpp"
-#include "data/dataset/hdf5_lock.hpp"
+#include "h5/lock.hpp"
 
 namespace dst::ckpt {
 
 using detail::Bounded;
 using detail::capture;
 using detail::Clock;
-using detail::H5Id;
 using detail::numel;
 using detail::seconds_since;
 using Kind = CheckpointError::Kind;
@@ -71,13 +70,13 @@ std::uint64_t check_manifest(const std::string& file) {
 /// The text of the scalar fixed-length string dataset `name`.
 std::string read_text(hid_t file, const char* name, hid_t dxpl, const std::string& where) {
   using namespace detail;
-  H5Id dset(DST_CKPT_H5(H5Dopen2(file, name, H5P_DEFAULT), where));
-  H5Id ftype(DST_CKPT_H5(H5Dget_type(dset.get()), where));
+  h5::Handle dset(DST_CKPT_H5(H5Dopen2(file, name, H5P_DEFAULT), where));
+  h5::Handle ftype(DST_CKPT_H5(H5Dget_type(dset.get()), where));
   if (H5Tget_class(ftype.get()) != H5T_STRING || H5Tis_variable_str(ftype.get()) > 0)
     throw CheckpointError(Kind::format,
                           where + ": /" + std::string(name) + " is not a fixed-length string");
   const std::size_t n = H5Tget_size(ftype.get());
-  H5Id mtype(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
+  h5::Handle mtype(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
   DST_CKPT_H5(H5Tset_size(mtype.get(), n), where);
   DST_CKPT_H5(H5Tset_strpad(mtype.get(), H5T_STR_NULLPAD), where);
   std::string text(n, '\0');
@@ -137,16 +136,16 @@ std::vector<TensorInfo> list_tensors(hid_t file, const std::string& where) {
   for (const auto& name : links) {
     if (name == detail::kMetaGroup || name.rfind(meta_prefix, 0) == 0) continue;
     const std::string w = where + " tensor " + name;
-    H5Id obj(DST_CKPT_H5(H5Oopen(file, name.c_str(), H5P_DEFAULT), w));
+    h5::Handle obj(DST_CKPT_H5(H5Oopen(file, name.c_str(), H5P_DEFAULT), w));
     if (H5Iget_type(obj.get()) != H5I_DATASET) continue;  // a group on the way to tensors
     TensorInfo info;
     info.name = name;
-    H5Id space(DST_CKPT_H5(H5Dget_space(obj.get()), w));
+    h5::Handle space(DST_CKPT_H5(H5Dget_space(obj.get()), w));
     const int rank = DST_CKPT_H5(H5Sget_simple_extent_ndims(space.get()), w);
     std::vector<hsize_t> dims(rank);
     DST_CKPT_H5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), w);
     info.shape.assign(dims.begin(), dims.end());
-    H5Id type(DST_CKPT_H5(H5Dget_type(obj.get()), w));
+    h5::Handle type(DST_CKPT_H5(H5Dget_type(obj.get()), w));
     if (DST_CKPT_H5(H5Tequal(type.get(), H5T_IEEE_F32LE), w) > 0) {
       info.dtype = "f32";
       // Every byte a tensor claims must be stored: a dataset may not claim more than the
@@ -190,15 +189,15 @@ Reader::Reader(MPI_Comm comm, const std::string& file, double timeout_s, const I
   } else {
     bounded.agree(std::nullopt);
   }
-  bounded.broadcast_u64(figures, 2, 0);
+  bounded.broadcast(figures, 2, MPI_UINT64_T, 0);
   stats_.bytes = figures[0];
   stats_.hash_seconds = static_cast<double>(figures[1]) * 1e-9;
 
   // 2. Open collectively; format, metadata, tensor list.
   bounded.agree(capture([&] {
-    data::Hdf5Lock lock;
-    H5Id fapl = detail::make_mpio_fapl(comm_, io, path_);
-    H5Id f(DST_CKPT_H5(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get()), path_));
+    h5::Lock lock;
+    h5::Handle fapl = detail::make_mpio_fapl(comm_, io, path_);
+    h5::Handle f(DST_CKPT_H5(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get()), path_));
     const std::string format = detail::read_attr_str(f.get(), "format", path_);
     if (format != detail::kFormatName)
       throw CheckpointError(Kind::format, path_ + ": format is \"" + format + "\", not \"" +
@@ -209,7 +208,7 @@ Reader::Reader(MPI_Comm comm, const std::string& file, double timeout_s, const I
                                               std::to_string(version) + ", this dstrain reads " +
                                               std::to_string(kFormatVersion) +
                                               " (docs/checkpoint.md)");
-    H5Id dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), path_));
+    h5::Handle dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), path_));
     DST_CKPT_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), path_);
     read_metadata(f.get(), meta_, dxpl.get(), path_);
     tensors_ = list_tensors(f.get(), path_);
@@ -220,7 +219,7 @@ Reader::Reader(MPI_Comm comm, const std::string& file, double timeout_s, const I
 
 Reader::~Reader() {
   if (file_ < 0) return;
-  data::Hdf5Lock lock;
+  h5::Lock lock;
   // Collective: every rank destroys its Reader. A close error of a read-only file loses
   // nothing, and a destructor cannot report it.
   if (H5Fclose(static_cast<hid_t>(file_)) < 0) H5Eclear2(H5E_DEFAULT);
@@ -251,15 +250,15 @@ std::uint64_t Reader::read_and_hash(const TensorInfo& info, float* out) {
     for (std::size_t k = 0; k < calls; ++k) {
       bool collective = true;
       bounded.agree(capture([&] {
-        data::Hdf5Lock lock;
-        H5Id dset(DST_CKPT_H5(H5Dopen2(static_cast<hid_t>(file_), info.name.c_str(), H5P_DEFAULT),
-                              where));
-        H5Id fspace(DST_CKPT_H5(H5Dget_space(dset.get()), where));
-        H5Id dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), where));
+        h5::Lock lock;
+        h5::Handle dset(DST_CKPT_H5(
+            H5Dopen2(static_cast<hid_t>(file_), info.name.c_str(), H5P_DEFAULT), where));
+        h5::Handle fspace(DST_CKPT_H5(H5Dget_space(dset.get()), where));
+        h5::Handle dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), where));
         DST_CKPT_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), where);
         const bool active = k < all[rank].size();
         const hsize_t count = active ? all[rank][k].rows() * rs.row_elements : 1;
-        H5Id mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
+        h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
         if (!active) {
           DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
           DST_CKPT_H5(H5Sselect_none(fspace.get()), where);
@@ -290,7 +289,7 @@ std::uint64_t Reader::read_and_hash(const TensorInfo& info, float* out) {
           offsets[r] = all[r][k].begin * rs.row_elements;
           counts[r] = all[r][k].rows() * rs.row_elements;
         }
-      bounded.exchange_pieces(out, offsets, counts);
+      bounded.exchange_pieces(out, offsets, counts, "exchange of tensor pieces (broadcast)");
     }
   }
   stats_.seconds += seconds_since(t0);

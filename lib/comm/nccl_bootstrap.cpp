@@ -2,16 +2,15 @@
 
 #include <mpi.h>
 
-#include <algorithm>
-#include <chrono>
 #include <exception>
 #include <sstream>
-#include <thread>
 
 #include "core/deadline.hpp"
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
+#include "core/poll_policy.hpp"
 #include "core/step_context.hpp"
+#include "runtime/mpi_check.hpp"
 
 #if DSTRAIN_HAVE_NCCL
 #include "comm/nccl_communicator.hpp"
@@ -27,12 +26,8 @@ std::string group_text(const std::string& name, int size) {
 
 /// World rank for messages; -1 when MPI is not running (the probes need no MPI).
 int world_rank() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
   int rank = -1;
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (runtime::mpi_is_up()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
 
@@ -49,20 +44,13 @@ std::string run_abort(const AbortCallback& abort) {
   }
 }
 
-struct PollPolicy {
-  double busy_s;                        ///< yield (no sleep) while the wait is this young
-  std::chrono::microseconds first_nap;  ///< then sleep this long, doubling ...
-  std::chrono::microseconds max_nap;    ///< ... up to this
-};
-
-void poll_until(const Probe& probe, double timeout_s, const std::function<std::string()>& describe,
-                const AbortCallback& abort, const PollPolicy& policy) {
+void wait_for_probe(const Probe& probe, double timeout_s,
+                    const std::function<std::string()>& describe, const AbortCallback& abort,
+                    const core::PollPolicy& policy) {
   DST_REQUIRE(probe, "comm: waiting for an NCCL operation without a probe");
   const core::Deadline deadline(timeout_s);
-  auto nap = policy.first_nap;
-  for (;;) {
+  const auto ready = [&] {
     ProbeResult r = probe();
-    if (r.state == ProbeResult::State::ready) return;
     if (r.state == ProbeResult::State::error) {
       // Abort first: the communicator is unusable, and NCCL's own threads may be stuck
       // waiting for peers that ncclCommAbort releases.
@@ -70,26 +58,20 @@ void poll_until(const Probe& probe, double timeout_s, const std::function<std::s
       throw Error(describe() + " failed: " + r.error + "; the communicator was aborted" +
                   abort_note);
     }
-    if (deadline.expired()) {
-      const std::string abort_note = run_abort(abort);
-      const int rank = world_rank();
-      std::ostringstream os;
-      os << describe() << " did not complete within " << deadline.limit_s() << " s at "
-         << core::describe_current_step() << " (rank " << rank
-         << " waited; a peer is missing, hung or slower than the deadline); the communicator "
-            "was aborted"
-         << abort_note << "\nrecent operations on rank " << rank
-         << " (flight recorder, oldest first):\n"
-         << core::FlightRecorder::instance().report();
-      throw TimeoutError(os.str());
-    }
-    if (deadline.elapsed_s() < policy.busy_s) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, policy.max_nap);
-    }
-  }
+    return r.state == ProbeResult::State::ready;
+  };
+  if (core::poll_until(ready, deadline, policy)) return;
+  const std::string abort_note = run_abort(abort);
+  const int rank = world_rank();
+  std::ostringstream os;
+  os << describe() << " did not complete within " << deadline.limit_s() << " s at "
+     << core::describe_current_step() << " (rank " << rank
+     << " waited; a peer is missing, hung or slower than the deadline); the communicator "
+        "was aborted"
+     << abort_note << "\nrecent operations on rank " << rank
+     << " (flight recorder, oldest first):\n"
+     << core::FlightRecorder::instance().report();
+  throw TimeoutError(os.str());
 }
 
 }  // namespace
@@ -112,17 +94,13 @@ void wait_for_init(const Probe& probe, double timeout_s, const std::string& grou
                    int group_size, const AbortCallback& abort) {
   const std::string what = "ncclCommInitRankConfig on " + group_text(group_name, group_size);
   core::FlightScope scope("nccl: " + what);
-  // Start-up: nothing to overlap, so sleep early (10 us doubling to 1 ms).
-  poll_until(probe, timeout_s, [&] { return what; }, abort,
-             {0.0, std::chrono::microseconds(10), std::chrono::microseconds(1000)});
+  wait_for_probe(
+      probe, timeout_s, [&] { return what; }, abort, core::PollPolicy::startup());
 }
 
 void wait_for_collective(const Probe& probe, double timeout_s,
                          const std::function<std::string()>& describe, const AbortCallback& abort) {
-  // As runtime::wait_with_deadline: continuous polling while the collective is young, then
-  // sleeps growing to 100 us once a peer is late.
-  poll_until(probe, timeout_s, describe, abort,
-             {1.0, std::chrono::microseconds(10), std::chrono::microseconds(100)});
+  wait_for_probe(probe, timeout_s, describe, abort, core::PollPolicy::collective());
 }
 
 std::unique_ptr<Communicator> make_device_communicator(Communicator& mpi_group, std::string name,

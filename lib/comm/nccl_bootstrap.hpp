@@ -60,7 +60,7 @@ using AbortCallback = std::function<void()>;
 ///                      complete within 30 s at start-up (rank R waited; ...)"
 ///   dst::Error        "ncclCommInitRankConfig on group 'tensor' (4 ranks) failed: <text>"
 /// both followed by "; the communicator was aborted" and the flight recorder's report.
-/// Polls back off from yielding to sleeps of up to 1 ms: initialisation takes tens of
+/// Polls under core::PollPolicy::startup() (sleeps of up to 1 ms): initialisation takes tens of
 /// milliseconds to seconds, so latency does not matter and the core is left to peers.
 void wait_for_init(const Probe& probe, double timeout_s, const std::string& group_name,
                    int group_size, const AbortCallback& abort);
@@ -69,7 +69,8 @@ void wait_for_init(const Probe& probe, double timeout_s, const std::string& grou
 /// of ... on group 'data' (8 ranks)"); messages read "<describe()> did not complete within
 /// T s ..." / "<describe()> failed: <text>". Polls yield for the first second (a GPU
 /// collective's completion is worth noticing within microseconds: the next bucket waits
-/// for it), then back off to sleeps of up to 100 us, as runtime::wait_with_deadline does.
+/// for it), then back off to sleeps of up to 100 us: core::PollPolicy::collective(), as
+/// every collective wait.
 void wait_for_collective(const Probe& probe, double timeout_s,
                          const std::function<std::string()>& describe, const AbortCallback& abort);
 

@@ -1,13 +1,11 @@
 #include "comm/shared_sum.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <new>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "comm/mpi_communicator.hpp"
 #include "comm/op_info.hpp"
@@ -16,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
+#include "core/poll_policy.hpp"
 #include "core/step_context.hpp"
 #include "runtime/mpi_check.hpp"
 
@@ -80,22 +79,12 @@ class SharedSum::Op final : public Request::Impl {
 
   void wait() override { wait_for(timeout_s_); }
 
-  // Polls like runtime::wait_with_deadline: yielding for the first second (a peer's
-  // backward is usually about to finish), then sleeps growing to 100 us.
+  // Polls as every collective wait does (core::PollPolicy::collective()): yielding for
+  // the first second (a peer's backward is usually about to finish), then short sleeps.
   void wait_for(double timeout_s) override {
     const core::Deadline deadline(timeout_s);
-    constexpr double kBusyPollSeconds = 1.0;
-    auto nap = std::chrono::microseconds(10);
-    for (;;) {
-      if (test()) return;
-      if (deadline.expired()) throw TimeoutError(timeout_message(deadline.limit_s()));
-      if (deadline.elapsed_s() < kBusyPollSeconds) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(nap);
-        nap = std::min(nap * 2, std::chrono::microseconds(100));
-      }
-    }
+    if (!core::poll_until([this] { return test(); }, deadline, core::PollPolicy::collective()))
+      throw TimeoutError(timeout_message(deadline.limit_s()));
   }
 
   std::string describe() const override {

@@ -4,7 +4,17 @@
 
 #include "core/error.hpp"
 
-namespace dst::runtime::detail {
+namespace dst::runtime {
+
+bool mpi_is_up() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+namespace detail {
 
 void throw_mpi_error(int code, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING] = {0};
@@ -16,4 +26,6 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
   throw Error(os.str());
 }
 
-}  // namespace dst::runtime::detail
+}  // namespace detail
+
+}  // namespace dst::runtime

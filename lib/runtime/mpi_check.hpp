@@ -7,9 +7,17 @@
 
 #include <string>
 
-namespace dst::runtime::detail {
+namespace dst::runtime {
+
+/// True between MPI_Init and MPI_Finalize: whether MPI may be called (error paths and
+/// helpers that also run without MPI ask first).
+bool mpi_is_up();
+
+namespace detail {
 [[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
 }
+
+}  // namespace dst::runtime
 
 #define DST_MPI_CHECK(call)                                                            \
   do {                                                                                 \

@@ -1,8 +1,7 @@
 #pragma once
 /// \file mpi_wait.hpp
 /// Waiting for a non-blocking MPI operation against a deadline. Open MPI makes no
-/// asynchronous progress, so this polls MPI_Test, backing off from a spin to short
-/// sleeps so oversubscribed ranks leave the cores to the ranks doing work.
+/// asynchronous progress, so this polls MPI_Test under core::PollPolicy::collective().
 
 #include <mpi.h>
 

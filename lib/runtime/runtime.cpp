@@ -5,7 +5,6 @@
 #include <Kokkos_Core.hpp>
 
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -21,7 +20,7 @@
 #include "runtime/cpu_binding.hpp"
 #include "runtime/device.hpp"
 #include "runtime/mpi_check.hpp"
-#include "runtime/mpi_wait.hpp"
+#include "runtime/mpi_collectives.hpp"
 
 namespace dst::runtime {
 
@@ -33,21 +32,10 @@ std::string host_name() {
   return buf;
 }
 
-bool mpi_is_up() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
-
-/// Blocking reductions at start-up go through a non-blocking call plus the deadline poll.
-int allreduce_int(MPI_Comm comm, int value, MPI_Op op, double timeout_s, const std::string& what) {
-  int result = 0;
-  MPI_Request req = MPI_REQUEST_NULL;
-  DST_MPI_CHECK(MPI_Iallreduce(&value, &result, 1, MPI_INT, op, comm, &req));
-  wait_with_deadline(req, timeout_s, [&] { return "start-up: " + what; });
-  return result;
+/// Start-up's collectives, named "start-up: <what>" in timeout messages.
+MpiCollectives startup_collectives(MPI_Comm comm, double timeout_s) {
+  return MpiCollectives(comm, timeout_s,
+                        [](const std::string& what) { return "start-up: " + what; });
 }
 
 /// On the node's first rank: the warning of describe_crowding() when the node's ranks,
@@ -65,17 +53,15 @@ std::string cpu_crowding(MPI_Comm local, int world_rank, const std::string& host
     mine.push_back(c);
   int length = static_cast<int>(mine.size());
   std::vector<int> lengths(static_cast<std::size_t>(local_size));
-  MPI_Request req = MPI_REQUEST_NULL;
-  DST_MPI_CHECK(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, local, &req));
-  wait_with_deadline(req, timeout_s, [] { return std::string("start-up: CPU masks (sizes)"); });
+  MpiCollectives coll = startup_collectives(local, timeout_s);
+  coll.gather(&length, 1, MPI_INT, lengths.data(), 0, "CPU masks (sizes)");
   std::vector<int> offsets(lengths.size(), 0);
   for (std::size_t r = 1; r < lengths.size(); ++r)
     offsets[r] = offsets[r - 1] + lengths[r - 1];
   std::vector<int> all(local_rank == 0 ? static_cast<std::size_t>(offsets.back() + lengths.back())
                                        : 0);
-  DST_MPI_CHECK(MPI_Igatherv(mine.data(), length, MPI_INT, all.data(), lengths.data(),
-                             offsets.data(), MPI_INT, 0, local, &req));
-  wait_with_deadline(req, timeout_s, [] { return std::string("start-up: CPU masks"); });
+  coll.gatherv(mine.data(), length, MPI_INT, all.data(), lengths.data(), offsets.data(), 0,
+               "CPU masks");
   if (local_rank != 0) return {};
   std::vector<CpuClaim> claims;
   std::vector<int> pids;
@@ -118,10 +104,11 @@ Runtime::Runtime(int& argc, char**& argv, double init_timeout_s)
                                       MPI_INFO_NULL, &local));
     DST_MPI_CHECK(MPI_Comm_rank(local, &node_.local_rank));
     DST_MPI_CHECK(MPI_Comm_size(local, &node_.local_size));
-    node_.num_nodes = allreduce_int(MPI_COMM_WORLD, node_.local_rank == 0 ? 1 : 0, MPI_SUM,
-                                    init_timeout_s_, "count of nodes");
-    node_.max_ranks_per_node =
-        allreduce_int(MPI_COMM_WORLD, node_.local_size, MPI_MAX, init_timeout_s_, "ranks per node");
+    MpiCollectives coll = startup_collectives(MPI_COMM_WORLD, init_timeout_s_);
+    node_.num_nodes = node_.local_rank == 0 ? 1 : 0;
+    coll.allreduce(&node_.num_nodes, 1, MPI_INT, MPI_SUM, "count of nodes");
+    node_.max_ranks_per_node = node_.local_size;
+    coll.allreduce(&node_.max_ranks_per_node, 1, MPI_INT, MPI_MAX, "ranks per node");
   }
   {
     StartupStep step(*watchdog_, "CPU sharing check (the node's CPU masks, /proc)",
@@ -171,16 +158,15 @@ std::string Runtime::kokkos_space() const {
 
 void agree_or_fail(MPI_Comm comm, bool ok, const std::string& message, int exit_code,
                    double timeout_s, const std::string& step) {
-  int rank = 0;
-  int size = 1;
-  DST_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  DST_MPI_CHECK(MPI_Comm_size(comm, &size));
-  const int failed = allreduce_int(comm, ok ? 0 : 1, MPI_SUM, timeout_s, step + " (agreement)");
+  MpiCollectives coll = startup_collectives(comm, timeout_s);
+  const std::string what = step + " (agreement)";
+  const int failed = coll.count_failed(!ok, what);
   if (failed == 0) return;
-  const int first =
-      allreduce_int(comm, ok ? INT_MAX : rank, MPI_MIN, timeout_s, step + " (agreement)");
-  if (rank == first) {
+  const auto first =
+      coll.first_failure(ok ? std::nullopt : std::optional<std::string>(message), what);
+  if (coll.rank() == first->rank) {
     std::string line = message;
+    const int size = coll.size();
     if (failed == size && size > 1)
       line += " (same step failed on all " + std::to_string(size) + " ranks)";
     else if (failed > 1)
@@ -193,45 +179,26 @@ void agree_or_fail(MPI_Comm comm, bool ok, const std::string& message, int exit_
 config::RunConfig load_deck_collectively(Runtime& rt, const std::string& path,
                                          const std::vector<config::Override>& overrides) {
   const double timeout = rt.init_timeout_s();
-  std::string text;
-  std::string read_error;
+  RootResult read;
   {
     StartupStep step(rt.watchdog(), "deck read", timeout);
-    if (rt.rank() == 0) {
-      try {
-        text = config::read_deck_file(path);
-      } catch (const Error& e) {
-        read_error = e.what();
-      }
-    }
+    if (rt.rank() == 0) read = attempt([&] { return config::read_deck_file(path); });
   }
-  // Broadcast (status, length, text) under the deadline: a missing rank ends the job
-  // with the step named instead of hanging.
+  // Rank 0's text or error reaches every rank under the deadline: a missing rank ends the
+  // job with the step named instead of hanging.
   maybe_stall_for_test(rt.rank(), "deck broadcast");
   {
     StartupStep step(rt.watchdog(), "deck broadcast", 0.0);  // polled below
-    long long header[2] = {read_error.empty() ? 1 : 0, static_cast<long long>(text.size())};
-    MPI_Request req = MPI_REQUEST_NULL;
-    DST_MPI_CHECK(MPI_Ibcast(header, 2, MPI_LONG_LONG, 0, rt.world(), &req));
-    wait_with_deadline(req, timeout,
-                       [] { return std::string("start-up: deck broadcast (header)"); });
-    if (header[0] == 0) {
-      agree_or_fail(rt.world(), rt.rank() != 0, "invalid run deck: " + read_error, kExitDeck,
-                    timeout, "deck read");
-    }
-    text.resize(static_cast<std::size_t>(header[1]));
-    if (header[1] > 0) {
-      DST_MPI_CHECK(
-          MPI_Ibcast(text.data(), static_cast<int>(header[1]), MPI_CHAR, 0, rt.world(), &req));
-      wait_with_deadline(req, timeout, [&] {
-        return "start-up: deck broadcast (" + std::to_string(header[1]) + " B)";
-      });
-    }
+    read = startup_collectives(rt.world(), timeout).broadcast_result(read, 0, "deck broadcast");
+  }
+  if (!read.ok) {
+    agree_or_fail(rt.world(), rt.rank() != 0, "invalid run deck: " + read.text, kExitDeck, timeout,
+                  "deck read");
   }
   config::RunConfig cfg;
   std::string parse_error;
   try {
-    cfg = config::load_deck_text(text, path, overrides);
+    cfg = config::load_deck_text(read.text, path, overrides);
   } catch (const Error& e) {
     parse_error = e.what();
   }

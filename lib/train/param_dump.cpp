@@ -6,26 +6,21 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "h5/check.hpp"
+#include "h5/handle.hpp"
+#include "h5/lock.hpp"
 #include "tensor/memory.hpp"
 
 namespace dst::train {
 
 namespace {
-void check(bool ok, const std::string& what, const std::string& path) {
-  if (!ok) throw Error("parameter dump '" + path + "': " + what + " failed");
-}
-}  // namespace
 
-void write_parameters_h5(const std::string& path, const model::ParamStore& store,
-                         std::int64_t step) {
-  const std::string tmp = path + ".tmp";
-  const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  check(f >= 0, "H5Fcreate", tmp);
-  bool ok = true;
-  const hid_t g = H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  ok = ok && g >= 0;
+/// The tensors and the `step` attribute into the open file `f` (`where` names it).
+void write_contents(hid_t f, const model::ParamStore& store, std::int64_t step,
+                    const std::string& where) {
+  h5::Handle g(DST_H5(H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where));
   std::vector<float> host;  // a device's tensor, copied down
-  for (std::size_t i = 0; ok && i < store.size(); ++i) {
+  for (std::size_t i = 0; i < store.size(); ++i) {
     const auto& spec = store.spec(i);
     const tensor::Tensor t = store.param(i);
     const void* data = t.data;
@@ -37,26 +32,40 @@ void write_parameters_h5(const std::string& path, const model::ParamStore& store
     std::vector<hsize_t> dims;
     for (int d = 0; d < spec.shape.rank; ++d)
       dims.push_back(static_cast<hsize_t>(spec.shape[d]));
-    const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
-    const hid_t d = H5Dcreate2(g, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT,
-                               H5P_DEFAULT, H5P_DEFAULT);
-    ok = d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
-    if (d >= 0) H5Dclose(d);
-    H5Sclose(space);
+    const std::string at = where + " tensor " + spec.name;
+    h5::Handle space(
+        DST_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), at));
+    h5::Handle d(DST_H5(H5Dcreate2(g.get(), spec.name.c_str(), H5T_IEEE_F32LE, space.get(),
+                                   H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                        at));
+    DST_H5(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), at);
   }
-  if (ok) {
-    const hid_t s = H5Screate(H5S_SCALAR);
-    const hid_t a = H5Acreate2(f, "step", H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
-    const long long v = step;
-    ok = a >= 0 && H5Awrite(a, H5T_NATIVE_LLONG, &v) >= 0;
-    if (a >= 0) H5Aclose(a);
-    H5Sclose(s);
+  h5::Handle s(DST_H5(H5Screate(H5S_SCALAR), where));
+  h5::Handle a(
+      DST_H5(H5Acreate2(f, "step", H5T_STD_I64LE, s.get(), H5P_DEFAULT, H5P_DEFAULT), where));
+  const long long v = step;
+  DST_H5(H5Awrite(a.get(), H5T_NATIVE_LLONG, &v), where + " attribute step");
+}
+
+}  // namespace
+
+void write_parameters_h5(const std::string& path, const model::ParamStore& store,
+                         std::int64_t step) {
+  const std::string tmp = path + ".tmp";
+  const std::string where = "parameter dump '" + tmp + "'";
+  {
+    h5::Lock lock;
+    try {
+      h5::Handle f(DST_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), where));
+      write_contents(f.get(), store, step, where);
+      f.close_checked(where, h5::raise_error);
+    } catch (const Error&) {
+      std::remove(tmp.c_str());
+      throw;
+    }
   }
-  if (g >= 0) H5Gclose(g);
-  ok = H5Fclose(f) >= 0 && ok;
-  if (!ok) std::remove(tmp.c_str());
-  check(ok, "writing the tensors", tmp);
-  check(std::rename(tmp.c_str(), path.c_str()) == 0, "rename to the final name", path);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error("parameter dump '" + path + "': rename from '" + tmp + "' failed");
 }
 
 }  // namespace dst::train

@@ -14,7 +14,8 @@
 namespace dst::train {
 
 /// Writes `path` (via `path.tmp` and a rename, so a partial file never has the name).
-/// Serial HDF5: call it on one rank. Throws dst::Error naming the file on failure.
+/// Serial HDF5: call it on one rank (it holds h5::Lock). Throws dst::Error naming the file
+/// and the failed HDF5 call on failure, leaving no file behind.
 void write_parameters_h5(const std::string& path, const model::ParamStore& store,
                          std::int64_t step);
 

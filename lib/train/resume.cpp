@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/exit_codes.hpp"
+#include "runtime/mpi_collectives.hpp"
 
 namespace dst::train {
 
@@ -14,15 +15,6 @@ bool resumable(const std::string& path) {
     if (k.back() == '.' ? path.compare(0, k.size(), k) == 0 : path == k) return true;
   }
   return false;
-}
-
-/// Rank 0's text, on every rank (bounded by the communicator's deadline).
-std::string broadcast_text(comm::Communicator& world, std::string text) {
-  std::uint64_t n = text.size();
-  world.broadcast(&n, 1, DType::u64, 0);
-  text.resize(n);
-  if (n > 0) world.broadcast(text.data(), n, DType::u8, 0);
-  return text;
 }
 
 std::vector<std::string> split_lines(const std::string& s) {
@@ -133,18 +125,32 @@ ResumeOutcome resume_training(Trainer& trainer, ckpt::Directory& dir, const conf
       throw CollectiveError(std::string("cannot resume: ") + e.what(), kExitCheckpoint);
     }
   }
-  // auto: `latest` first, then every committed checkpoint, newest first.
-  std::string listing;
-  if (world.rank() == 0) {
-    std::vector<std::string> files;
-    const std::string latest = dir.latest();
-    if (!latest.empty()) files.push_back(latest);
-    for (const std::string& f : dir.committed())
-      if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
-    for (const std::string& f : files)
-      listing += f + "\n";
+  // auto: `latest` first, then every committed checkpoint, newest first, as rank 0 lists
+  // them; a failure to list reaches every rank.
+  runtime::MpiCollectives coll(comm::mpi_comm_of(world), world.timeout_s(),
+                               [&](const std::string& op) {
+                                 return "checkpoint.resume auto in '" + dir.path() + "': " + op;
+                               });
+  runtime::RootResult listing;
+  if (coll.rank() == 0) {
+    listing = runtime::attempt([&] {
+      std::vector<std::string> files;
+      const std::string latest = dir.latest();
+      if (!latest.empty()) files.push_back(latest);
+      for (const std::string& f : dir.committed())
+        if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+      std::string text;
+      for (const std::string& f : files)
+        text += f + "\n";
+      return text;
+    });
   }
-  const std::vector<std::string> candidates = split_lines(broadcast_text(world, listing));
+  listing = coll.broadcast_result(listing, 0, "broadcast of the checkpoint list");
+  if (!listing.ok)
+    throw CollectiveError(
+        "cannot resume: listing the checkpoints in '" + dir.path() + "' failed: " + listing.text,
+        kExitCheckpoint);
+  const std::vector<std::string> candidates = split_lines(listing.text);
   std::vector<std::string> failures;
   for (const std::string& file : candidates) {
     try {

@@ -19,17 +19,18 @@ namespace {
 
 void write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* v,
                        const std::string& where) {
-  H5Id space(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
-  H5Id attr(DST_CKPT_H5(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                        where + " attribute " + name));
+  h5::Handle space(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
+  h5::Handle attr(
+      DST_CKPT_H5(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                  where + " attribute " + name));
   DST_CKPT_H5(H5Awrite(attr.get(), mem_type, v), where + " attribute " + name);
 }
 
 void read_scalar_attr(hid_t obj, const char* name, hid_t mem_type, void* v,
                       const std::string& where) {
   if (DST_CKPT_H5(H5Aexists(obj, name), where) == 0) missing_attr(name, where);
-  H5Id attr(DST_CKPT_H5(H5Aopen(obj, name, H5P_DEFAULT), where + " attribute " + name));
-  H5Id space(DST_CKPT_H5(H5Aget_space(attr.get()), where + " attribute " + name));
+  h5::Handle attr(DST_CKPT_H5(H5Aopen(obj, name, H5P_DEFAULT), where + " attribute " + name));
+  h5::Handle space(DST_CKPT_H5(H5Aget_space(attr.get()), where + " attribute " + name));
   if (DST_CKPT_H5(H5Sget_simple_extent_npoints(space.get()), where) != 1)
     throw CheckpointError(CheckpointError::Kind::format,
                           where + ": attribute " + name + " is not a scalar");
@@ -39,13 +40,12 @@ void read_scalar_attr(hid_t obj, const char* name, hid_t mem_type, void* v,
 
 }  // namespace
 
-void throw_h5_error(const char* call, const std::string& where, const char* file, int line) {
-  throw CheckpointError(CheckpointError::Kind::io,
-                        data::detail::h5_error_message(call, where, file, line));
+void raise_checkpoint_error(const std::string& message) {
+  throw CheckpointError(CheckpointError::Kind::io, message);
 }
 
-H5Id make_mpio_fapl(MPI_Comm comm, const IoOptions& io, const std::string& where) {
-  H5Id fapl(DST_CKPT_H5(H5Pcreate(H5P_FILE_ACCESS), where));
+h5::Handle make_mpio_fapl(MPI_Comm comm, const IoOptions& io, const std::string& where) {
+  h5::Handle fapl(DST_CKPT_H5(H5Pcreate(H5P_FILE_ACCESS), where));
   MPI_Info info = MPI_INFO_NULL;
   if (!io.mpi_hints.empty()) {
     DST_MPI_CHECK(MPI_Info_create(&info));
@@ -79,7 +79,7 @@ void write_attr_f64(hid_t obj, const char* name, double v, const std::string& wh
 }
 
 void write_attr_str(hid_t obj, const char* name, const std::string& v, const std::string& where) {
-  H5Id type(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
+  h5::Handle type(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
   // HDF5 rejects 0-byte string types; an empty string is one NUL of padding.
   DST_CKPT_H5(H5Tset_size(type.get(), v.empty() ? 1 : v.size()), where);
   DST_CKPT_H5(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), where);
@@ -105,13 +105,13 @@ double read_attr_f64(hid_t obj, const char* name, const std::string& where) {
 
 std::string read_attr_str(hid_t obj, const char* name, const std::string& where) {
   if (DST_CKPT_H5(H5Aexists(obj, name), where) == 0) missing_attr(name, where);
-  H5Id attr(DST_CKPT_H5(H5Aopen(obj, name, H5P_DEFAULT), where + " attribute " + name));
-  H5Id ftype(DST_CKPT_H5(H5Aget_type(attr.get()), where + " attribute " + name));
+  h5::Handle attr(DST_CKPT_H5(H5Aopen(obj, name, H5P_DEFAULT), where + " attribute " + name));
+  h5::Handle ftype(DST_CKPT_H5(H5Aget_type(attr.get()), where + " attribute " + name));
   if (H5Tget_class(ftype.get()) != H5T_STRING || H5Tis_variable_str(ftype.get()) > 0)
     throw CheckpointError(CheckpointError::Kind::format,
                           where + ": attribute " + name + " is not a fixed-length string");
   const std::size_t n = H5Tget_size(ftype.get());
-  H5Id mtype(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
+  h5::Handle mtype(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
   DST_CKPT_H5(H5Tset_size(mtype.get(), n), where);
   DST_CKPT_H5(H5Tset_strpad(mtype.get(), H5T_STR_NULLPAD), where);
   std::vector<char> buf(n);

@@ -2,7 +2,7 @@
 /// \file h5.hpp
 /// HDF5 helpers of the checkpoint layer: a checking macro that turns a failed call into
 /// CheckpointError(io) naming the file, an owning handle, typed attributes and the file
-/// access list (MPI-IO driver, alignment, hints). The caller holds data::Hdf5Lock.
+/// access list (MPI-IO driver, alignment, hints). The caller holds h5::Lock.
 
 #include <hdf5.h>
 #include <mpi.h>
@@ -11,30 +11,18 @@
 #include <string>
 
 #include "ckpt/checkpoint.hpp"
-#include "data/dataset/detail/h5.hpp"
+#include "h5/check.hpp"
+#include "h5/handle.hpp"
 
 namespace dst::ckpt::detail {
 
-/// Throws CheckpointError(io) "<where>: HDF5 call failed: <call>: <HDF5's innermost
-/// error> [file:line]" and clears HDF5's error stack.
-[[noreturn]] void throw_h5_error(const char* call, const std::string& where, const char* file,
-                                 int line);
-
-template <class T>
-T h5_check(T rc, const char* call, const std::string& where, const char* file, int line) {
-  if (rc < 0) throw_h5_error(call, where, file, line);
-  return rc;
-}
-
-/// An owning HDF5 identifier (the dataset layer's handle: one implementation for every
-/// HDF5 user). Its close_checked() throws DatasetError, which capture() turns into
-/// CheckpointError(io) with the same text.
-using H5Id = data::detail::H5Handle;
+/// Throws CheckpointError(io, message): the checkpoint layer's h5::Raise.
+[[noreturn]] void raise_checkpoint_error(const std::string& message);
 
 /// A file access list for the MPI-IO driver on `comm` with `io`'s alignment and hints,
 /// and collective metadata reads and writes (one rank touches the metadata and shares
 /// it, instead of every rank reading the same bytes: what a parallel file system wants).
-H5Id make_mpio_fapl(MPI_Comm comm, const IoOptions& io, const std::string& where);
+h5::Handle make_mpio_fapl(MPI_Comm comm, const IoOptions& io, const std::string& where);
 
 /// Scalar attributes on `obj`. Readers throw CheckpointError(format) when absent.
 void write_attr_i64(hid_t obj, const char* name, std::int64_t v, const std::string& where);
@@ -49,5 +37,7 @@ std::string read_attr_str(hid_t obj, const char* name, const std::string& where)
 
 }  // namespace dst::ckpt::detail
 
+/// Checks an HDF5 call: a failure is CheckpointError(io) "<where>: HDF5 call failed:
+/// <call>: <HDF5's innermost error> [file:line]".
 #define DST_CKPT_H5(call, where) \
-  ::dst::ckpt::detail::h5_check((call), #call, (where), __FILE__, __LINE__)
+  DST_H5_CHECK_WITH(::dst::ckpt::detail::raise_checkpoint_error, call, where)

@@ -11,21 +11,20 @@
 #include <thread>
 
 #include "data/dataset/detail/h5.hpp"
-#include "data/dataset/hdf5_lock.hpp"
+#include "h5/handle.hpp"
+#include "h5/lock.hpp"
 #include "runtime/mpi_check.hpp"
 
 namespace dst::data {
 
 namespace {
 
-using detail::H5Handle;
-
 std::string shard_where(const std::string& path) {
   return "shard '" + path + "'";
 }
 
 /// The open shards of one rank. Every member function makes HDF5 calls: the caller
-/// holds Hdf5Lock and is the reader's only HDF5 thread.
+/// holds h5::Lock and is the reader's only HDF5 thread.
 class ShardCache {
  public:
   ShardCache(const TokenDataset& dataset, int max_open)
@@ -54,9 +53,9 @@ class ShardCache {
   struct OpenShard {
     std::size_t index = 0;
     std::uint64_t last_use = 0;
-    H5Handle file;
-    H5Handle dataset;
-    H5Handle space;
+    h5::Handle file;
+    h5::Handle dataset;
+    h5::Handle space;
   };
 
   std::size_t shard_of(std::uint64_t pos) const {
@@ -93,16 +92,16 @@ class ShardCache {
     o.index = s;
     o.last_use = clock_;
     // MPI_COMM_SELF: see the file comment of batch_reader.hpp.
-    H5Handle fapl(DST_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), where));
+    h5::Handle fapl(DST_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), where));
     DST_H5_CHECK(H5Pset_fapl_mpio(fapl.get(), MPI_COMM_SELF, MPI_INFO_NULL), where);
-    o.file = H5Handle(DST_H5_CHECK(H5Fopen(h.path.c_str(), H5F_ACC_RDONLY, fapl.get()), where));
+    o.file = h5::Handle(DST_H5_CHECK(H5Fopen(h.path.c_str(), H5F_ACC_RDONLY, fapl.get()), where));
     // No chunk cache: samples are read once per epoch in random order, so caching a whole
     // chunk (512 KiB by default) to use one sample's 2-8 KiB of it multiplies the bytes
     // read by ~100; without a cache HDF5 reads just the selected range of the chunk.
-    H5Handle dapl(DST_H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS), where));
+    h5::Handle dapl(DST_H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS), where));
     DST_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 0, 0, H5D_CHUNK_CACHE_W0_DEFAULT), where);
-    o.dataset = H5Handle(DST_H5_CHECK(H5Dopen2(o.file.get(), kTokensDataset, dapl.get()), where));
-    o.space = H5Handle(DST_H5_CHECK(H5Dget_space(o.dataset.get()), where));
+    o.dataset = h5::Handle(DST_H5_CHECK(H5Dopen2(o.file.get(), kTokensDataset, dapl.get()), where));
+    o.space = h5::Handle(DST_H5_CHECK(H5Dget_space(o.dataset.get()), where));
     // The file may have been replaced since open_dataset checked it: the size read now
     // must still be the one the sample table was built from.
     hsize_t dims[1] = {0};
@@ -113,7 +112,7 @@ class ShardCache {
                          std::to_string(dims[0]) + " tokens, expected " +
                          std::to_string(h.num_tokens) + ")");
     if (!dxpl_.valid()) {
-      dxpl_ = H5Handle(DST_H5_CHECK(H5Pcreate(H5P_DATASET_XFER), where));
+      dxpl_ = h5::Handle(DST_H5_CHECK(H5Pcreate(H5P_DATASET_XFER), where));
       // Independent: ranks read different samples at different times (batch_reader.hpp).
       DST_H5_CHECK(H5Pset_dxpl_mpio(dxpl_.get(), H5FD_MPIO_INDEPENDENT), where);
     }
@@ -132,7 +131,7 @@ class ShardCache {
     const hsize_t n[1] = {count};
     DST_H5_CHECK(H5Sselect_hyperslab(o.space.get(), H5S_SELECT_SET, start, nullptr, n, nullptr),
                  where);
-    H5Handle mem(DST_H5_CHECK(H5Screate_simple(1, n, nullptr), where));
+    h5::Handle mem(DST_H5_CHECK(H5Screate_simple(1, n, nullptr), where));
     // HDF5 widens uint16/uint32 to int32; uint32 ids >= 2^31 saturate and fail below.
     DST_H5_CHECK(
         H5Dread(o.dataset.get(), H5T_NATIVE_INT32, mem.get(), o.space.get(), dxpl_.get(), out),
@@ -152,7 +151,7 @@ class ShardCache {
   const TokenDataset& dataset_;
   std::size_t max_open_;
   std::vector<OpenShard> open_;  // (<= max_open_,)
-  H5Handle dxpl_;
+  h5::Handle dxpl_;
   std::uint64_t clock_ = 0;
 };
 
@@ -183,7 +182,7 @@ class BatchReader::Impl {
       queue_cv_.notify_all();
       thread_.join();  // the thread closes the files: it is the reader's HDF5 thread
     } else {
-      Hdf5Lock lock;
+      h5::Lock lock;
       cache_.close_all();
     }
   }
@@ -255,7 +254,7 @@ class BatchReader::Impl {
       }
       done_cv_.notify_all();
     }
-    Hdf5Lock lock;
+    h5::Lock lock;
     cache_.close_all();
   }
 
@@ -271,7 +270,7 @@ class BatchReader::Impl {
       r.batch.tokens.resize(r.batch.rows() * cols);  // (B, T+1)
       BatchReaderStats delta;
       {
-        Hdf5Lock lock;
+        h5::Lock lock;
         for (std::size_t b = 0; b < r.batch.rows(); ++b) {
           const std::uint64_t start =
               r.batch.sample_ids[b] * static_cast<std::uint64_t>(dataset_.seq_len());

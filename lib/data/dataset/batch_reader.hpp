@@ -14,8 +14,8 @@
 ///
 /// Requests are served in order; any number may be outstanding. With prefetching, one
 /// background thread does all of the reader's HDF5 work while the caller computes; the
-/// caller's thread never enters HDF5. Every HDF5 call happens under Hdf5Lock, because
-/// Debian's parallel HDF5 is not thread-safe (see hdf5_lock.hpp).
+/// caller's thread never enters HDF5. Every HDF5 call happens under h5::Lock, because
+/// Debian's parallel HDF5 is not thread-safe (see h5/lock.hpp).
 ///
 /// Files: each shard is opened with HDF5's MPI-IO driver on MPI_COMM_SELF, lazily, when
 /// one of this rank's samples first lives in it, and at most max_open_shards stay open

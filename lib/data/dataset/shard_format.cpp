@@ -12,13 +12,12 @@
 
 #include "core/rng.hpp"
 #include "data/dataset/detail/h5.hpp"
-#include "data/dataset/hdf5_lock.hpp"
+#include "h5/handle.hpp"
+#include "h5/lock.hpp"
 
 namespace dst::data {
 
 namespace {
-
-using detail::H5Handle;
 
 // Tokens are scanned in blocks of this many (4 MiB as int32) by ShardCheck::full.
 constexpr std::uint64_t kScanBlock = std::uint64_t{1} << 20;
@@ -34,12 +33,12 @@ std::string shard_where(const std::string& path) {
   throw DatasetError(shard_where(path) + ": " + problem);
 }
 
-H5Handle open_attribute(hid_t loc, const char* name, const std::string& path) {
+h5::Handle open_attribute(hid_t loc, const char* name, const std::string& path) {
   const std::string where = shard_where(path);
   if (DST_H5_CHECK(H5Aexists(loc, name), where) == 0)
     fail(path, std::string("attribute '") + name + "' is missing");
-  H5Handle attr(DST_H5_CHECK(H5Aopen(loc, name, H5P_DEFAULT), where));
-  H5Handle space(DST_H5_CHECK(H5Aget_space(attr.get()), where));
+  h5::Handle attr(DST_H5_CHECK(H5Aopen(loc, name, H5P_DEFAULT), where));
+  h5::Handle space(DST_H5_CHECK(H5Aget_space(attr.get()), where));
   if (DST_H5_CHECK(H5Sget_simple_extent_npoints(space.get()), where) != 1)
     fail(path, std::string("attribute '") + name + "' must hold one value");
   return attr;
@@ -47,8 +46,8 @@ H5Handle open_attribute(hid_t loc, const char* name, const std::string& path) {
 
 std::int64_t read_int_attr(hid_t loc, const char* name, const std::string& path) {
   const std::string where = shard_where(path);
-  H5Handle attr = open_attribute(loc, name, path);
-  H5Handle type(DST_H5_CHECK(H5Aget_type(attr.get()), where));
+  h5::Handle attr = open_attribute(loc, name, path);
+  h5::Handle type(DST_H5_CHECK(H5Aget_type(attr.get()), where));
   if (DST_H5_CHECK(H5Tget_class(type.get()), where) != H5T_INTEGER)
     fail(path, std::string("attribute '") + name + "' must be an integer");
   std::int64_t value = 0;
@@ -61,11 +60,11 @@ std::int64_t read_int_attr(hid_t loc, const char* name, const std::string& path)
 
 std::string read_string_attr(hid_t loc, const char* name, const std::string& path) {
   const std::string where = shard_where(path);
-  H5Handle attr = open_attribute(loc, name, path);
-  H5Handle type(DST_H5_CHECK(H5Aget_type(attr.get()), where));
+  h5::Handle attr = open_attribute(loc, name, path);
+  h5::Handle type(DST_H5_CHECK(H5Aget_type(attr.get()), where));
   if (DST_H5_CHECK(H5Tget_class(type.get()), where) != H5T_STRING)
     fail(path, std::string("attribute '") + name + "' must be a string");
-  H5Handle mem(DST_H5_CHECK(H5Tcopy(H5T_C_S1), where));
+  h5::Handle mem(DST_H5_CHECK(H5Tcopy(H5T_C_S1), where));
   std::string value;
   if (DST_H5_CHECK(H5Tis_variable_str(type.get()), where) > 0) {
     DST_H5_CHECK(H5Tset_size(mem.get(), H5T_VARIABLE), where);
@@ -94,7 +93,7 @@ std::string read_string_attr(hid_t loc, const char* name, const std::string& pat
 }
 
 struct DatasetShape {
-  H5Handle dataset;
+  h5::Handle dataset;
   H5T_sign_t sign = H5T_SGN_ERROR;
   std::size_t bytes = 0;
   std::uint64_t length = 0;
@@ -106,14 +105,14 @@ DatasetShape open_1d_integer(hid_t file, const char* name, const std::string& pa
   if (DST_H5_CHECK(H5Lexists(file, name, H5P_DEFAULT), where) == 0)
     fail(path, std::string("dataset '") + name + "' is missing");
   DatasetShape s;
-  s.dataset = H5Handle(DST_H5_CHECK(H5Dopen2(file, name, H5P_DEFAULT), where));
-  H5Handle type(DST_H5_CHECK(H5Dget_type(s.dataset.get()), where));
+  s.dataset = h5::Handle(DST_H5_CHECK(H5Dopen2(file, name, H5P_DEFAULT), where));
+  h5::Handle type(DST_H5_CHECK(H5Dget_type(s.dataset.get()), where));
   if (DST_H5_CHECK(H5Tget_class(type.get()), where) != H5T_INTEGER)
     fail(path, std::string("dataset '") + name + "' must hold integers");
   s.sign = DST_H5_CHECK(H5Tget_sign(type.get()), where);
   s.bytes = H5Tget_size(type.get());
   if (s.bytes == 0) fail(path, std::string("dataset '") + name + "' has an unreadable type");
-  H5Handle space(DST_H5_CHECK(H5Dget_space(s.dataset.get()), where));
+  h5::Handle space(DST_H5_CHECK(H5Dget_space(s.dataset.get()), where));
   if (DST_H5_CHECK(H5Sget_simple_extent_ndims(space.get()), where) != 1)
     fail(path, std::string("dataset '") + name + "' must be one-dimensional");
   hsize_t dims[1] = {0};
@@ -153,7 +152,7 @@ void check_offsets_and_tokens(const ShardHeader& h, hid_t offsets_ds, hid_t toke
     fail(h.path, "doc_offsets ends at " + std::to_string(off.back()) + ", not at num_tokens " +
                      std::to_string(h.num_tokens));
 
-  H5Handle file_space(DST_H5_CHECK(H5Dget_space(tokens_ds), where));
+  h5::Handle file_space(DST_H5_CHECK(H5Dget_space(tokens_ds), where));
   std::vector<std::uint32_t> block;  // (kScanBlock,) at most
   std::size_t next_end = 1;          // index into off of the next document end to check
   for (std::uint64_t start = 0; start < h.num_tokens; start += kScanBlock) {
@@ -164,7 +163,7 @@ void check_offsets_and_tokens(const ShardHeader& h, hid_t offsets_ds, hid_t toke
     DST_H5_CHECK(
         H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, f_start, nullptr, f_count, nullptr),
         where);
-    H5Handle mem_space(DST_H5_CHECK(H5Screate_simple(1, f_count, nullptr), where));
+    h5::Handle mem_space(DST_H5_CHECK(H5Screate_simple(1, f_count, nullptr), where));
     DST_H5_CHECK(H5Dread(tokens_ds, H5T_NATIVE_UINT32, mem_space.get(), file_space.get(),
                          H5P_DEFAULT, block.data()),
                  where);
@@ -198,13 +197,13 @@ ShardHeader validate_shard(const std::string& path, ShardCheck level) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) fail(path, "no such file");
 
-  Hdf5Lock lock;
+  h5::Lock lock;
   const std::string where = shard_where(path);
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     fail(path, "is not an HDF5 file");
   }
-  H5Handle file(DST_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), where));
+  h5::Handle file(DST_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), where));
   const hid_t f = file.get();
 
   ShardHeader h;

@@ -10,13 +10,11 @@
 #include <cstring>
 #include <filesystem>
 
-#include "data/dataset/hdf5_lock.hpp"
+#include "h5/lock.hpp"
 
 namespace dst::data {
 
 namespace {
-
-using detail::H5Handle;
 
 // Offsets per chunk of /doc_offsets: 4096 x 8 bytes = 32 KiB, small next to the tokens
 // but large enough that a shard of a million documents has a few hundred chunks.
@@ -29,8 +27,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 void write_uint_attr(hid_t loc, const char* name, std::uint64_t value, hid_t file_type,
                      const std::string& where) {
-  H5Handle space(DST_H5_CHECK(H5Screate(H5S_SCALAR), where));
-  H5Handle attr(
+  h5::Handle space(DST_H5_CHECK(H5Screate(H5S_SCALAR), where));
+  h5::Handle attr(
       DST_H5_CHECK(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), where));
   DST_H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_UINT64, &value), where);
 }
@@ -38,25 +36,25 @@ void write_uint_attr(hid_t loc, const char* name, std::uint64_t value, hid_t fil
 // Variable-length UTF-8: h5py reads it as a Python str, h5dump prints it as text.
 void write_string_attr(hid_t loc, const char* name, const std::string& value,
                        const std::string& where) {
-  H5Handle type(DST_H5_CHECK(H5Tcopy(H5T_C_S1), where));
+  h5::Handle type(DST_H5_CHECK(H5Tcopy(H5T_C_S1), where));
   DST_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE), where);
   DST_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8), where);
-  H5Handle space(DST_H5_CHECK(H5Screate(H5S_SCALAR), where));
-  H5Handle attr(DST_H5_CHECK(
+  h5::Handle space(DST_H5_CHECK(H5Screate(H5S_SCALAR), where));
+  h5::Handle attr(DST_H5_CHECK(
       H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), where));
   const char* text = value.c_str();
   DST_H5_CHECK(H5Awrite(attr.get(), type.get(), &text), where);
 }
 
-H5Handle create_extendible(hid_t file, const char* name, hid_t file_type, std::uint64_t chunk,
-                           const std::string& where) {
+h5::Handle create_extendible(hid_t file, const char* name, hid_t file_type, std::uint64_t chunk,
+                             const std::string& where) {
   const hsize_t dims[1] = {0};
   const hsize_t max_dims[1] = {H5S_UNLIMITED};
   const hsize_t chunk_dims[1] = {chunk};
-  H5Handle space(DST_H5_CHECK(H5Screate_simple(1, dims, max_dims), where));
-  H5Handle dcpl(DST_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), where));
+  h5::Handle space(DST_H5_CHECK(H5Screate_simple(1, dims, max_dims), where));
+  h5::Handle dcpl(DST_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), where));
   DST_H5_CHECK(H5Pset_chunk(dcpl.get(), 1, chunk_dims), where);
-  return H5Handle(DST_H5_CHECK(
+  return h5::Handle(DST_H5_CHECK(
       H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), where));
 }
 
@@ -89,9 +87,9 @@ ShardWriter::ShardWriter(std::string path, ShardWriterOptions options)
     throw DatasetError(where + ": the tokenizer's name and hash must both be given");
   if (options_.chunk_tokens < 1) throw DatasetError(where + ": chunk_tokens must be positive");
 
-  Hdf5Lock lock;
+  h5::Lock lock;
   const std::string tmp_where = "shard '" + tmp_path_ + "'";
-  file_ = H5Handle(DST_H5_CHECK(
+  file_ = h5::Handle(DST_H5_CHECK(
       H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), tmp_where));
   const hid_t token_type =
       options_.vocab_size <= kMaxVocabForUint16 ? H5T_STD_U16LE : H5T_STD_U32LE;
@@ -106,7 +104,7 @@ ShardWriter::ShardWriter(std::string path, ShardWriterOptions options)
 ShardWriter::~ShardWriter() {
   if (closed_) return;
   {
-    Hdf5Lock lock;
+    h5::Lock lock;
     tokens_.reset();
     offsets_ds_.reset();
     file_.reset();
@@ -119,12 +117,12 @@ void ShardWriter::append_to(hid_t dataset, std::uint64_t at, const void* data, s
   const std::string where = "shard '" + tmp_path_ + "'";
   const hsize_t new_size[1] = {at + count};
   DST_H5_CHECK(H5Dset_extent(dataset, new_size), where);
-  H5Handle file_space(DST_H5_CHECK(H5Dget_space(dataset), where));
+  h5::Handle file_space(DST_H5_CHECK(H5Dget_space(dataset), where));
   const hsize_t start[1] = {at};
   const hsize_t n[1] = {count};
   DST_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, n, nullptr),
                where);
-  H5Handle mem_space(DST_H5_CHECK(H5Screate_simple(1, n, nullptr), where));
+  h5::Handle mem_space(DST_H5_CHECK(H5Screate_simple(1, n, nullptr), where));
   DST_H5_CHECK(H5Dwrite(dataset, mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, data),
                where);
 }
@@ -156,7 +154,7 @@ void ShardWriter::append_document(const std::int32_t* tokens, std::size_t count)
                          std::to_string(tokens[k]) + " at position " + std::to_string(k) +
                          ", outside the vocabulary of " + std::to_string(options_.vocab_size));
   }
-  Hdf5Lock lock;
+  h5::Lock lock;
   std::size_t k = 0;
   while (k <= count) {  // <= : the EOS after the document is the (count+1)-th token
     if (k == count) {
@@ -185,7 +183,7 @@ ShardHeader ShardWriter::close() {
   h.num_documents = num_documents();
   h.token_bytes = options_.vocab_size <= kMaxVocabForUint16 ? 2 : 4;
   {
-    Hdf5Lock lock;
+    h5::Lock lock;
     flush_tokens();
     flush_offsets(true);
     const hid_t f = file_.get();
@@ -197,9 +195,9 @@ ShardHeader ShardWriter::close() {
     write_string_attr(f, "tokenizer_hash", h.tokenizer.hash, where);
     write_uint_attr(f, "num_tokens", h.num_tokens, H5T_STD_U64LE, where);
     write_uint_attr(f, "num_documents", h.num_documents, H5T_STD_U64LE, where);
-    tokens_.close_checked(where);
-    offsets_ds_.close_checked(where);
-    file_.close_checked(where);
+    tokens_.close_checked(where, detail::raise_dataset_error);
+    offsets_ds_.close_checked(where, detail::raise_dataset_error);
+    file_.close_checked(where, detail::raise_dataset_error);
   }
   // The data must be on disk before the name says the shard is complete; the directory
   // is synced after the rename so the new name survives a crash too.

@@ -9,6 +9,7 @@
 
 #include "data/dataset/detail/h5.hpp"
 #include "data/dataset/shard_format.hpp"
+#include "h5/handle.hpp"
 
 namespace dst::data {
 
@@ -67,9 +68,9 @@ class ShardWriter {
   std::string path_;
   std::string tmp_path_;
   ShardWriterOptions options_;
-  detail::H5Handle file_;
-  detail::H5Handle tokens_;               // (num_tokens,) uint16/uint32, extendible
-  detail::H5Handle offsets_ds_;           // (num_documents + 1,) uint64, extendible
+  h5::Handle file_;
+  h5::Handle tokens_;                     // (num_tokens,) uint16/uint32, extendible
+  h5::Handle offsets_ds_;                 // (num_documents + 1,) uint64, extendible
   std::vector<std::uint32_t> token_buf_;  // (<= chunk_tokens,) not yet written
   std::vector<std::uint64_t> offsets_;    // offsets not yet written (front: the last written + 1)
   std::uint64_t num_tokens_ = 0;          // appended, written or buffered

@@ -5,12 +5,11 @@
 #include <glob.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/mpi_check.hpp"
+#include "runtime/mpi_collectives.hpp"
 
 namespace dst::data {
 
@@ -178,37 +177,23 @@ std::vector<std::string> resolve_shard_paths(const std::string& source) {
   return paths;
 }
 
-TokenDataset open_dataset(MPI_Comm comm, const std::string& source, int seq_len) {
-  int rank = 0;
-  DST_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  // ok = 1: payload is the shard table; ok = 0: payload is rank 0's error message.
-  std::uint64_t header[2] = {0, 0};
-  std::string payload;
-  if (rank == 0) {
-    try {
+TokenDataset open_dataset(MPI_Comm comm, const std::string& source, int seq_len, double timeout_s) {
+  runtime::MpiCollectives coll(
+      comm, timeout_s, [&](const std::string& op) { return "dataset '" + source + "': " + op; });
+  runtime::RootResult table;
+  if (coll.rank() == 0) {
+    table = runtime::attempt([&] {
       std::vector<ShardHeader> shards;
       for (const auto& p : resolve_shard_paths(source))
         shards.push_back(validate_shard(p, ShardCheck::header));
       TokenDataset check(shards, seq_len);  // agreement and size, before broadcasting
-      payload = encode(shards);
-      header[0] = 1;
-    } catch (const std::exception& e) {
-      // Any failure (also bad_alloc, filesystem errors) must reach the other ranks, which
-      // are already waiting in the broadcast below.
-      payload = e.what();
-    }
-    header[1] = payload.size();
-    if (header[1] > static_cast<std::uint64_t>(INT_MAX)) {
-      header[0] = 0;
-      payload = "dataset '" + source + "': the shard table is too large to broadcast";
-      header[1] = payload.size();
-    }
+      return encode(shards);
+    });
   }
-  DST_MPI_CHECK(MPI_Bcast(header, 2, MPI_UINT64_T, 0, comm));
-  payload.resize(header[1]);
-  DST_MPI_CHECK(MPI_Bcast(payload.data(), static_cast<int>(header[1]), MPI_BYTE, 0, comm));
-  if (header[0] == 0) throw DatasetError(payload);
-  return TokenDataset(decode(payload), seq_len);
+  // Rank 0's failure, too, reaches the other ranks, which are already waiting here.
+  table = coll.broadcast_result(table, 0, "broadcast of the shard table");
+  if (!table.ok) throw DatasetError(table.text);
+  return TokenDataset(decode(table.text), seq_len);
 }
 
 }  // namespace dst::data

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "config/run_config.hpp"
 #include "data/dataset/shard_format.hpp"
 
 namespace dst::data {
@@ -62,7 +63,10 @@ std::vector<std::string> resolve_shard_paths(const std::string& source);
 /// (ShardCheck::header) and that the shards agree (check_shards_agree), then broadcasts
 /// the result, so a dataset of many shards costs one metadata read per shard, not one
 /// per rank. An error found by rank 0 is thrown as the same DatasetError on every rank
-/// (no rank is left waiting). Throws when the dataset holds no full sample.
-TokenDataset open_dataset(MPI_Comm comm, const std::string& source, int seq_len);
+/// (no rank is left waiting). Throws when the dataset holds no full sample. The other
+/// ranks wait for rank 0's result at most `timeout_s` (the deck's parallel.timeout_s;
+/// by default that key's default), then throw TimeoutError naming the dataset.
+TokenDataset open_dataset(MPI_Comm comm, const std::string& source, int seq_len,
+                          double timeout_s = config::ParallelSection{}.timeout_s);
 
 }  // namespace dst::data

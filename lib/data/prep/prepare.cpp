@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,7 +15,7 @@
 #include "data/byte_vocab.hpp"
 #include "data/dataset/shard_writer.hpp"
 #include "runtime/mpi_check.hpp"
-#include "runtime/mpi_wait.hpp"
+#include "runtime/mpi_collectives.hpp"
 
 namespace dst::data {
 
@@ -55,25 +54,19 @@ bool belongs_to(const std::string& file, const std::string& name) {
   return false;
 }
 
+/// Prep's collectives over `comm`, named "prep: <step>" in timeout messages.
+runtime::MpiCollectives prep_collectives(MPI_Comm comm, double timeout_s) {
+  return runtime::MpiCollectives(comm, timeout_s,
+                                 [](const std::string& step) { return "prep: " + step; });
+}
+
 /// Collective: if any rank has `ok == false`, every rank throws CollectiveError with the
 /// message of the lowest such rank (sent by it), so the application prints it once.
 void agree(MPI_Comm comm, bool ok, const std::string& message, double timeout_s, const char* step) {
-  int rank = 0;
-  DST_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int mine = ok ? INT_MAX : rank, first = INT_MAX;
-  MPI_Request req;
-  DST_MPI_CHECK(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, &req));
-  runtime::wait_with_deadline(req, timeout_s, [step] { return std::string("prep: ") + step; });
-  if (first == INT_MAX) return;
-  unsigned long long len = rank == first ? message.size() : 0;
-  DST_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_UNSIGNED_LONG_LONG, first, comm, &req));
-  runtime::wait_with_deadline(req, timeout_s, [step] { return std::string("prep: ") + step; });
-  std::string text = rank == first ? message : std::string(len, '\0');
-  if (len > 0) {
-    DST_MPI_CHECK(MPI_Ibcast(text.data(), static_cast<int>(len), MPI_CHAR, first, comm, &req));
-    runtime::wait_with_deadline(req, timeout_s, [step] { return std::string("prep: ") + step; });
-  }
-  throw CollectiveError(text, kExitError);
+  const auto failure =
+      prep_collectives(comm, timeout_s)
+          .first_failure(ok ? std::nullopt : std::optional<std::string>(message), step);
+  if (failure) throw CollectiveError(failure->message, kExitError);
 }
 
 /// Writes `path` (through `path.tmp`, fsync, rename) so a manifest that exists is whole.
@@ -164,22 +157,17 @@ struct SyncResult {
 
 SyncResult synchronise(MPI_Comm comm, bool failed, const PrepCounts& mine, double timeout_s) {
   // (7,) failed, documents[2], tokens[2], shards[2]
-  std::uint64_t send[7] = {failed ? 1u : 0u, mine.documents[0], mine.documents[1], mine.tokens[0],
-                           mine.tokens[1],   mine.shards[0],    mine.shards[1]};
-  std::uint64_t recv[7] = {};
-  MPI_Request req;
-  DST_MPI_CHECK(MPI_Iallreduce(send, recv, 7, MPI_UINT64_T, MPI_SUM, comm, &req));
-  runtime::wait_with_deadline(req, timeout_s, [] {
-    return std::string(
-        "prep: synchronisation of the ranks (a rank is slower than --timeout, "
-        "or hung)");
-  });
+  std::uint64_t counts[7] = {failed ? 1u : 0u, mine.documents[0], mine.documents[1], mine.tokens[0],
+                             mine.tokens[1],   mine.shards[0],    mine.shards[1]};
+  prep_collectives(comm, timeout_s)
+      .allreduce(counts, 7, MPI_UINT64_T, MPI_SUM,
+                 "synchronisation of the ranks (a rank is slower than --timeout, or hung)");
   SyncResult r;
-  r.failed = recv[0] > 0;
+  r.failed = counts[0] > 0;
   for (int s = 0; s < 2; ++s) {
-    r.counts.documents[s] = recv[1 + s];
-    r.counts.tokens[s] = recv[3 + s];
-    r.counts.shards[s] = recv[5 + s];
+    r.counts.documents[s] = counts[1 + s];
+    r.counts.tokens[s] = counts[3 + s];
+    r.counts.shards[s] = counts[5 + s];
   }
   return r;
 }
@@ -335,13 +323,8 @@ PrepSummary prepare_dataset(MPI_Comm comm, const PrepTokenizer& tok, const PrepO
   }
   std::vector<std::uint64_t> counts(2 * static_cast<std::size_t>(size));  // (ranks, 2)
   const std::uint64_t own_counts[2] = {writers[0].shards(), writers[1].shards()};
-  {
-    MPI_Request req;
-    DST_MPI_CHECK(
-        MPI_Igather(own_counts, 2, MPI_UINT64_T, counts.data(), 2, MPI_UINT64_T, 0, comm, &req));
-    runtime::wait_with_deadline(req, opt.timeout_s,
-                                [] { return std::string("prep: gathering the shard lists"); });
-  }
+  prep_collectives(comm, opt.timeout_s)
+      .gather(own_counts, 2, MPI_UINT64_T, counts.data(), 0, "gathering the shard lists");
   problem.clear();
   for (int s = 0; s < 2; ++s) {
     if (total.counts.documents[s] == 0) continue;

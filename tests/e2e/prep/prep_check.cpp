@@ -23,8 +23,9 @@
 
 #include "data/byte_vocab.hpp"
 #include "data/dataset/detail/h5.hpp"
-#include "data/dataset/hdf5_lock.hpp"
 #include "data/dataset/shard_format.hpp"
+#include "h5/handle.hpp"
+#include "h5/lock.hpp"
 
 namespace fs = std::filesystem;
 using namespace dst::data;
@@ -57,8 +58,8 @@ std::vector<std::string> documents_of(const std::string& path, const std::string
 
 template <class T>
 std::vector<T> read_dataset(hid_t file, const char* name, hid_t mem_type, const std::string& path) {
-  detail::H5Handle ds(DST_H5_CHECK(H5Dopen2(file, name, H5P_DEFAULT), path));
-  detail::H5Handle space(DST_H5_CHECK(H5Dget_space(ds.get()), path));
+  dst::h5::Handle ds(DST_H5_CHECK(H5Dopen2(file, name, H5P_DEFAULT), path));
+  dst::h5::Handle space(DST_H5_CHECK(H5Dget_space(ds.get()), path));
   const hssize_t n = DST_H5_CHECK(H5Sget_simple_extent_npoints(space.get()), path);
   std::vector<T> out(static_cast<std::size_t>(n));
   if (n > 0)
@@ -72,8 +73,8 @@ std::vector<std::string> shard_documents(const std::string& path) {
   if (h.vocab_size != kByteVocabSize || h.eos_id != static_cast<std::uint64_t>(kByteEos) ||
       h.tokenizer.name != "byte260")
     fail(path + ": not a byte-level shard");
-  Hdf5Lock lock;
-  detail::H5Handle f(DST_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path));
+  dst::h5::Lock lock;
+  dst::h5::Handle f(DST_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path));
   const auto tokens = read_dataset<std::int32_t>(f.get(), kTokensDataset, H5T_NATIVE_INT32, path);
   const auto offsets =
       read_dataset<std::uint64_t>(f.get(), kOffsetsDataset, H5T_NATIVE_UINT64, path);

@@ -10,10 +10,10 @@
 #include <memory>
 
 #include "data/dataset/batch_reader.hpp"
-#include "data/dataset/hdf5_lock.hpp"
 #include "data/dataset/sampler.hpp"
 #include "data/dataset/token_dataset.hpp"
 #include "dataset_test_util.hpp"
+#include "h5/lock.hpp"
 #include "mpi_world.hpp"
 
 namespace dst::data {
@@ -316,7 +316,7 @@ TEST(Dataset, ReadErrorsReachTheCaller) {
   // check cannot see it): the read of that sample fails naming the shard; others work.
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) {
-    Hdf5Lock lock;
+    h5::Lock lock;
     const hid_t f = H5Fopen(c.dir->file("c.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     const hid_t d = H5Dopen2(f, kTokensDataset, H5P_DEFAULT);
     const hid_t s = H5Dget_space(d);

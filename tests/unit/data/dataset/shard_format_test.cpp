@@ -7,11 +7,11 @@
 #include <fstream>
 #include <functional>
 
-#include "data/dataset/hdf5_lock.hpp"
 #include "data/dataset/shard_format.hpp"
 #include "data/dataset/shard_writer.hpp"
 #include "data/dataset/token_dataset.hpp"
 #include "dataset_test_util.hpp"
+#include "h5/lock.hpp"
 
 namespace dst::data {
 namespace {
@@ -21,7 +21,7 @@ using test::ScratchDir;
 // Reads a whole 1-D dataset with plain HDF5 calls (an independent check of the writer).
 template <class T>
 std::vector<T> read_all(const std::string& path, const char* name, hid_t mem_type) {
-  Hdf5Lock lock;
+  h5::Lock lock;
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   EXPECT_GE(f, 0);
   const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
@@ -35,7 +35,7 @@ std::vector<T> read_all(const std::string& path, const char* name, hid_t mem_typ
 }
 
 std::size_t dataset_type_size(const std::string& path) {
-  Hdf5Lock lock;
+  h5::Lock lock;
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   const hid_t d = H5Dopen2(f, kTokensDataset, H5P_DEFAULT);
   const hid_t t = H5Dget_type(d);
@@ -223,7 +223,7 @@ std::string hostile(const ScratchDir& dir, const std::string& name,
                     const std::function<void(hid_t)>& edit) {
   const std::string path = dir.file(name);
   test::write_corpus_shard(path, 0, 20);
-  Hdf5Lock lock;
+  h5::Lock lock;
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   EXPECT_GE(f, 0);
   edit(f);
