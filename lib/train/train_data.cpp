@@ -83,7 +83,8 @@ TrainData TrainData::open(runtime::Runtime& rt, const config::RunConfig& cfg,
       ro.prefetch = rt.thread_level() == "multiple";
       ro.inject_read_delay_ms = read_delay_ms;
       const int T = static_cast<int>(cfg.data.seq_len);
-      const data::TokenDataset train_ds = data::open_dataset(rt.world(), cfg.data.train, T);
+      const data::TokenDataset train_ds =
+          data::open_dataset(rt.world(), cfg.data.train, T, cfg.parallel.init_timeout_s);
       if (train_ds.vocab_size() > static_cast<std::uint64_t>(cfg.model.vocab_size))
         throw DeckError("model.vocab_size", "",
                         "is " + std::to_string(cfg.model.vocab_size) + " but the shards of '" +
@@ -97,7 +98,8 @@ TrainData TrainData::open(runtime::Runtime& rt, const config::RunConfig& cfg,
       d.train_h5_ = train.get();
       d.train = std::move(train);
       if (!cfg.data.valid.empty()) {
-        const data::TokenDataset valid_ds = data::open_dataset(rt.world(), cfg.data.valid, T);
+        const data::TokenDataset valid_ds =
+            data::open_dataset(rt.world(), cfg.data.valid, T, cfg.parallel.init_timeout_s);
         if (!(valid_ds.tokenizer() == train_ds.tokenizer()))
           throw DeckError("data.valid", "",
                           "tokenizer " + valid_ds.tokenizer().name + " (" +
