@@ -72,7 +72,7 @@ std::vector<std::string> expand_paths(const std::string& spec, const char* key) 
 }
 
 bool is_text(const config::DataSection& d) {
-  if (d.format != "auto") return d.format == "text";
+  if (d.format != config::DataFormat::automatic) return d.format == config::DataFormat::text;
   return d.train.size() >= 4 && d.train.compare(d.train.size() - 4, 4, ".txt") == 0;
 }
 
@@ -205,11 +205,11 @@ std::string format_scale(double scale) {
 /// H100 / H200 SXM (989.4 TFLOP/s bf16 and fp16 tensor cores without sparsity, 66.9
 /// TFLOP/s fp32). 0 for other devices, the PCIe and NVL boards among them (lower clocks
 /// and power: other figures): the MFU is then not reported.
-double gpu_peak_gflops(const std::string& device_name, const std::string& precision) {
+double gpu_peak_gflops(const std::string& device_name, config::Precision precision) {
   const auto has = [&](const char* s) { return device_name.find(s) != std::string::npos; };
   const bool hopper_sxm = (has("H100") || has("H200")) && !has("PCIe") && !has("NVL");
   if (!hopper_sxm) return 0.0;
-  return precision == "fp32" ? 66.9e3 : 989.4e3;
+  return precision == config::Precision::fp32 ? 66.9e3 : 989.4e3;
 }
 
 std::string duration(double s) {
@@ -240,14 +240,15 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   // the model runs; with parallel.backend nccl the gradients are summed by NCCL on the
   // device, everything else over MPI.
   tensor::ExecContext ctx;
-  ctx.host_gemm = cfg.kernels.host_gemm == "blas"      ? tensor::HostGemm::blas
-                  : cfg.kernels.host_gemm == "dstrain" ? tensor::HostGemm::own
-                                                       : tensor::HostGemm::automatic;
+  ctx.host_gemm = cfg.kernels.host_gemm == config::HostGemmSetting::blas ? tensor::HostGemm::blas
+                  : cfg.kernels.host_gemm == config::HostGemmSetting::dstrain
+                      ? tensor::HostGemm::own
+                      : tensor::HostGemm::automatic;
   std::unique_ptr<comm::Communicator> grad_comm;
-  if (session.backends.kernels == "cuda") {
+  if (session.backends.kernels == tensor::Backend::cuda) {
     ctx.backend = tensor::Backend::cuda;
     ctx.stream = rt.compute_stream();
-    if (session.backends.comm == "nccl") {
+    if (session.backends.comm == runtime::CommBackend::nccl) {
       runtime::StartupStep step(rt.watchdog(), "NCCL communicator of the data group", 0.0);
       grad_comm =
           comm::make_device_communicator(*session.groups.data, "data", cfg.parallel.timeout_s,
@@ -260,7 +261,7 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
   // parallel.backend shm: the gradients and parameters live in the data group's shared
   // memory, and its ranks share the optimizer's update.
   std::unique_ptr<comm::SharedSum> shared_grads;
-  if (session.backends.comm == "shm") {
+  if (session.backends.comm == runtime::CommBackend::shm) {
     runtime::StartupStep step(rt.watchdog(),
                               "shared-memory gradient and parameter buffers of the data group",
                               rt.init_timeout_s());
@@ -292,7 +293,7 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                    ? "; loss scale " + format_scale(trainer.loss_scaler().scale()) + " (" +
                          std::to_string(trainer.loss_scaler().clean_steps()) + " clean steps)"
                    : std::string()));
-  else if (cfg.checkpoint.resume == "auto")
+  else if (cfg.checkpoint.resume.kind == config::ResumeSetting::Kind::automatic)
     log::info("no checkpoint in " + checkpoints.path() + ": starting at step 1");
   else if (const auto old = checkpoints.committed(); root && !old.empty())
     log::warn("checkpoint.resume is none, but " + checkpoints.path() + " holds " +
@@ -385,17 +386,19 @@ int run_train(runtime::Runtime& rt, const Command& cmd) {
                   peak > 0 ? "peak: %.1f TFLOP/s per rank (%s, dense %s, data sheet) x %d ranks"
                            : "peak: %.0f (no data-sheet peak known for %s in %s: MFU not "
                              "reported) x %d ranks",
-                  peak / 1e3, rt.device().name.c_str(), cfg.training.precision.c_str(), rt.size());
+                  peak / 1e3, rt.device().name.c_str(), to_string(cfg.training.precision).c_str(),
+                  rt.size());
   else
     std::snprintf(peak_line, sizeof peak_line,
                   "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3, %s kernels) x %d ranks",
                   peak, blas::host_blas().kernels.c_str(), rt.size());
   log::info(peak_line);
   if (!on_gpu)
-    log::info("host products: " + host_products + " (kernels.host_gemm " + cfg.kernels.host_gemm +
-              ")");
-  if (cfg.training.precision != "fp32")
-    log::info("precision: " + cfg.training.precision + " (fp32 master weights and moments; " +
+    log::info("host products: " + host_products + " (kernels.host_gemm " +
+              to_string(cfg.kernels.host_gemm) + ")");
+  if (cfg.training.precision != config::Precision::fp32)
+    log::info("precision: " + to_string(cfg.training.precision) +
+              " (fp32 master weights and moments; " +
               (on_gpu ? "values rounded to 16 bits in fp32 storage, products on tensor cores"
                       : "16-bit storage emulated on the host") +
               (trainer.loss_scaling()

@@ -117,6 +117,26 @@ void read_value(const YamlNode& node, const std::string& key, const Spec& spec, 
   fail(key, node, "expected a string, got " + got(node));
 }
 
+/// An enumerated setting: one of its names (quoted or not, as a string key would take it).
+template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+void read_value(const YamlNode& node, const std::string& key, const Spec&, E& out) {
+  if (node.kind == YamlNode::Kind::Scalar) {
+    if (const std::optional<E> v = parse_enum<E>(node.value)) {
+      out = *v;
+      return;
+    }
+    fail(key, node, "expected one of " + enum_choices<E>() + ", got '" + node.value + "'");
+  }
+  fail(key, node, "expected one of " + enum_choices<E>() + ", got " + got(node));
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec& spec,
+                ResumeSetting& out) {
+  std::string text;
+  read_value(node, key, spec, text);
+  out = ResumeSetting::parse(text);
+}
+
 std::vector<double> read_numbers(const YamlNode& node, const std::string& key,
                                  std::optional<std::size_t> length) {
   const std::string expected = length ? "expected a list of " + std::to_string(*length) + " numbers"
@@ -224,6 +244,12 @@ class RangeVisitor {
       return;
     }
     if (v.empty() && !spec.allow_empty) fail(path, "must not be empty");
+  }
+  // Parsing through the name table admits only the enumerators.
+  template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+  void field(const char*, const Spec&, const E&) {}
+  void field(const char* path, const Spec&, const ResumeSetting& v) {
+    if (v.kind == ResumeSetting::Kind::path && v.path.empty()) fail(path, "must not be empty");
   }
   void field(const char* path, const Spec& spec, const std::array<double, 2>& v) {
     list(path, spec, v.data(), v.size());
@@ -551,6 +577,13 @@ std::string yaml_text(const Spec&, const bool& v) {
 std::string yaml_text(const Spec&, const std::string& v) {
   return yaml_string(v);
 }
+template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+std::string yaml_text(const Spec&, const E& v) {
+  return yaml_string(to_string(v));
+}
+std::string yaml_text(const Spec&, const ResumeSetting& v) {
+  return yaml_string(v.text());
+}
 std::string yaml_text(const Spec&, const std::array<double, 2>& v) {
   return format_list(v.data(), v.size());
 }
@@ -601,6 +634,13 @@ std::string type_name(const Spec&, const bool&) {
 std::string type_name(const Spec& spec, const std::string&) {
   return spec.choices.empty() ? "string" : "enum";
 }
+template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+std::string type_name(const Spec&, const E&) {
+  return "enum";
+}
+std::string type_name(const Spec&, const ResumeSetting&) {
+  return "string";
+}
 std::string type_name(const Spec&, const std::array<double, 2>&) {
   return "list of 2 numbers";
 }
@@ -612,8 +652,9 @@ template <class T>
 std::string allowed_text(const Spec& spec, const T&) {
   if (spec.note != nullptr) return spec.note;
   if (!spec.choices.empty()) return quoted_choices(spec);
+  if constexpr (has_enum_names_v<T>) return "`" + enum_choices<T>("`, `") + "`";
   std::string out;
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, ResumeSetting>) {
     out = spec.allow_empty ? "any" : "non-empty";
   } else if constexpr (std::is_same_v<T, bool>) {
     out = "`true`, `false`";
@@ -871,7 +912,7 @@ std::vector<std::string> advisories(const RunConfig& config) {
   const TrainingSection& t = config.training;
   // Legal (a short smoke run of a long deck: --set training.max_steps=10), but the
   // learning rate then never reaches its peak, which is worth saying.
-  if (t.schedule.type != "constant" && t.schedule.warmup_steps > t.max_steps)
+  if (t.schedule.type != ScheduleType::constant && t.schedule.warmup_steps > t.max_steps)
     out.push_back("training.schedule.warmup_steps (" + std::to_string(t.schedule.warmup_steps) +
                   ") exceeds training.max_steps (" + std::to_string(t.max_steps) +
                   "): the learning rate never reaches training.optimizer.lr");

@@ -58,7 +58,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout) {
   // activations evenly; data-parallel ranks each hold everything.
   const std::uint64_t split =
       static_cast<std::uint64_t>(layout.tensor) * static_cast<std::uint64_t>(layout.pipeline);
-  const bool low_precision = c.training.precision != "fp32";
+  const bool low_precision = c.training.precision != config::Precision::fp32;
   auto& mem = plan.memory;
   // fp32 master weights, plus a 16-bit compute copy in bf16/fp16 runs.
   mem.parameters = (mm.parameters + (low_precision ? mm.parameters / 2 : 0)) / split;
@@ -134,7 +134,7 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
   row("FLOPs per step", format_count(plan.flops_per_step), "");
   const auto& m = plan.memory;
   row("memory per rank", format_bytes(static_cast<double>(m.total())),
-      "(precision " + c.training.precision + ")");
+      "(precision " + to_string(c.training.precision) + ")");
   row("  parameters", format_bytes(static_cast<double>(m.parameters)), "");
   row("  gradients", format_bytes(static_cast<double>(m.gradients)), "");
   row("  optimizer state", format_bytes(static_cast<double>(m.optimizer)), "(AdamW moments, fp32)");

@@ -61,11 +61,17 @@ void split_rows(const std::int32_t* rows, std::int64_t n, std::int64_t T, std::i
 }
 
 /// training.precision -> the storage type the model computes with (docs/precision.md).
-DType storage_type(const std::string& precision) {
-  if (precision == "fp32") return DType::f32;
-  if (precision == "bf16") return DType::bf16;
-  if (precision == "fp16") return DType::f16;
-  throw Error("trainer: training.precision must be fp32, bf16 or fp16, got '" + precision + "'");
+DType storage_type(config::Precision precision) {
+  switch (precision) {
+    case config::Precision::fp32:
+      return DType::f32;
+    case config::Precision::bf16:
+      return DType::bf16;
+    case config::Precision::fp16:
+      return DType::f16;
+  }
+  throw Error("trainer: training.precision holds no known value (" +
+              std::to_string(static_cast<int>(precision)) + ")");
 }
 
 /// The parameter tensor holding flat-buffer offset `offset`.
@@ -104,7 +110,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     shared_update_ = shared_grads;
     gather_slot_ = need - 1;
   }
-  loss_scaling_ = config.training.precision == "fp16";
+  loss_scaling_ = config.training.precision == config::Precision::fp16;
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   data::SamplerConfig sc;
   sc.num_samples = train.num_samples();
@@ -285,7 +291,7 @@ StepStats Trainer::step() {
       os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor "
          << (nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?"));
     }
-    if (cfg_.debug.nan_policy == "abort")
+    if (cfg_.debug.nan_policy == config::NanPolicy::abort)
       throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
     st.skipped = true;  // every rank decides alike: parameters and moments stay untouched
     ++skipped_;

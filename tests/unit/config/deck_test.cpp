@@ -431,7 +431,7 @@ TEST(DeckOverrides, ValidOverridesWin) {
 TEST(DeckOverrides, CreatesMissingSections) {
   const RunConfig c = load("run: {}\n", {"training.optimizer.lr=0.01", "debug.nan_policy=skip"});
   EXPECT_EQ(c.training.optimizer.lr, 0.01);
-  EXPECT_EQ(c.debug.nan_policy, "skip");
+  EXPECT_EQ(c.debug.nan_policy, dst::config::NanPolicy::skip);
   EXPECT_EQ(load("training:\n", {"training.max_steps=50"}).training.max_steps, 50);
 }
 

@@ -97,7 +97,7 @@ TEST(Plan, MemoryScalesWithPrecisionAndLayout) {
   EXPECT_EQ(p32.memory.optimizer, 8ull * 6910365696);
   EXPECT_EQ(p32.comm_bytes_per_step, 0.0);  // one rank: nothing to all-reduce
 
-  c.training.precision = "bf16";
+  c.training.precision = dst::config::Precision::bf16;
   const auto p16 = dst::model::make_plan(c, one);
   EXPECT_EQ(p16.memory.parameters, 6ull * 6910365696);  // fp32 master + bf16 copy
 
