@@ -317,6 +317,18 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                      "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
                          s(m.max_seq_len) + ")");
 
+  // Tensor and pipeline parallelism are not implemented (issue 31): ranks given to them
+  // would only train as replicas of the data-parallel ones, and plans would be wrong.
+  if (c.parallel.tensor != 1)
+    fail_combination(given, fallback, {"parallel.tensor"},
+                     s(c.parallel.tensor) +
+                         " is not supported yet: tensor parallelism is not implemented (issue 31)");
+  if (c.parallel.pipeline != 1)
+    fail_combination(
+        given, fallback, {"parallel.pipeline"},
+        s(c.parallel.pipeline) +
+            " is not supported yet: pipeline parallelism is not implemented (issue 31)");
+
   const TrainingSection& t = c.training;
   if (t.global_batch_size > 0 && t.grad_accum_steps > 0)
     fail_combination(given, fallback, {"training.grad_accum_steps", "training.global_batch_size"},
@@ -806,18 +818,14 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   const auto s = [](auto v) { return std::to_string(v); };
   const std::string world = "world size " + s(world_size);
   const ParallelSection& p = config.parallel;
-  const std::int64_t model_ranks = p.tensor * p.pipeline;  // both <= INT32_MAX: no overflow
-  if (world_size % model_ranks != 0)
-    throw DeckError("parallel.tensor", world,
-                    "parallel.tensor (" + s(p.tensor) + ") x parallel.pipeline (" + s(p.pipeline) +
-                        ") = " + s(model_ranks) + " does not divide the world size (" +
-                        s(world_size) + ")");
-  const std::int64_t data = world_size / model_ranks;
+  // validate() refused tensor or pipeline parallelism (not implemented, issue 31): every
+  // rank is a data-parallel rank.
+  const std::int64_t data = world_size;
   if (p.data != 0 && p.data != data)
     throw DeckError("parallel.data", world,
-                    "parallel.data (" + s(p.data) + ") must be world size / (parallel.tensor x " +
-                        "parallel.pipeline) = " + s(world_size) + " / " + s(model_ranks) + " = " +
-                        s(data) + " (or auto)");
+                    "parallel.data (" + s(p.data) + ") must be the world size (" + s(world_size) +
+                        ") or auto: every rank is a data-parallel rank while tensor and pipeline "
+                        "parallelism are not implemented");
 
   const TrainingSection& t = config.training;
   std::int64_t per_micro_step = 0;  // sequences per micro-step over all data ranks
@@ -827,8 +835,6 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   Layout layout;
   layout.world_size = world_size;
   layout.data = static_cast<int>(data);
-  layout.tensor = static_cast<int>(p.tensor);
-  layout.pipeline = static_cast<int>(p.pipeline);
   if (t.global_batch_size > 0) {
     if (t.global_batch_size % per_micro_step != 0)
       throw DeckError("training.global_batch_size", world,

@@ -130,8 +130,10 @@ struct TrainingSection {
 };
 
 struct ParallelSection {
-  std::int64_t data = 0;  ///< 0 = auto: the rest of the world after tensor x pipeline
+  std::int64_t data = 0;  ///< 0 = auto: the world size (every rank is a data rank)
+  /// Only 1 is accepted until tensor parallelism exists (issue 31): the deck refuses more.
   std::int64_t tensor = 1;
+  /// Only 1 is accepted until pipeline parallelism exists (issue 31): the deck refuses more.
   std::int64_t pipeline = 1;
   ParallelBackend backend = ParallelBackend::automatic;
   double bucket_mb = 25.0;
@@ -192,7 +194,8 @@ struct RunConfig {
   DebugSection debug;
 };
 
-/// The data-parallel layout a config resolves to on a given world size.
+/// The data-parallel layout a config resolves to on a given world size. tensor and
+/// pipeline are 1 until those kinds of parallelism exist (the deck refuses more).
 struct Layout {
   int world_size = 1;
   int data = 1;

@@ -249,14 +249,27 @@ template <class V, class... S>
 void visit_parallel(V& v, S&... s) {
   v.section("parallel", "How the ranks are divided and how they talk.");
   v.field("parallel.data",
-          Spec("Data-parallel ranks; auto = world size / (tensor x pipeline).")
+          Spec("Data-parallel ranks; auto = the world size (every rank while tensor and "
+               "pipeline parallelism are not implemented).")
               .with_auto()
               .at_least(1)
               .at_most(kIntMax),
           s.data...);
-  v.field("parallel.tensor", Spec("Tensor-parallel ranks.").at_least(1).at_most(kIntMax),
+  // Accepted in the schema's range for the day they work; until then more than 1 is a deck
+  // error (check_combinations), so that extra ranks cannot train as silent replicas.
+  v.field("parallel.tensor",
+          Spec("Tensor-parallel ranks. Not implemented yet (issue 31): more than 1 is a deck "
+               "error.")
+              .at_least(1)
+              .at_most(kIntMax)
+              .with_note("`1` (more is not supported yet)"),
           s.tensor...);
-  v.field("parallel.pipeline", Spec("Pipeline-parallel stages.").at_least(1).at_most(kIntMax),
+  v.field("parallel.pipeline",
+          Spec("Pipeline-parallel stages. Not implemented yet (issue 31): more than 1 is a "
+               "deck error.")
+              .at_least(1)
+              .at_most(kIntMax)
+              .with_note("`1` (more is not supported yet)"),
           s.pipeline...);
   v.field(
       "parallel.backend",
