@@ -117,6 +117,26 @@ void read_value(const YamlNode& node, const std::string& key, const Spec& spec, 
   fail(key, node, "expected a string, got " + got(node));
 }
 
+/// An enumerated setting: one of its names (quoted or not, as a string key would take it).
+template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+void read_value(const YamlNode& node, const std::string& key, const Spec&, E& out) {
+  if (node.kind == YamlNode::Kind::Scalar) {
+    if (const std::optional<E> v = parse_enum<E>(node.value)) {
+      out = *v;
+      return;
+    }
+    fail(key, node, "expected one of " + enum_choices<E>() + ", got '" + node.value + "'");
+  }
+  fail(key, node, "expected one of " + enum_choices<E>() + ", got " + got(node));
+}
+
+void read_value(const YamlNode& node, const std::string& key, const Spec& spec,
+                ResumeSetting& out) {
+  std::string text;
+  read_value(node, key, spec, text);
+  out = ResumeSetting::parse(text);
+}
+
 std::vector<double> read_numbers(const YamlNode& node, const std::string& key,
                                  std::optional<std::size_t> length) {
   const std::string expected = length ? "expected a list of " + std::to_string(*length) + " numbers"
@@ -225,6 +245,12 @@ class RangeVisitor {
     }
     if (v.empty() && !spec.allow_empty) fail(path, "must not be empty");
   }
+  // Parsing through the name table admits only the enumerators.
+  template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+  void field(const char*, const Spec&, const E&) {}
+  void field(const char* path, const Spec&, const ResumeSetting& v) {
+    if (v.kind == ResumeSetting::Kind::path && v.path.empty()) fail(path, "must not be empty");
+  }
   void field(const char* path, const Spec& spec, const std::array<double, 2>& v) {
     list(path, spec, v.data(), v.size());
   }
@@ -290,6 +316,18 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
     fail_combination(given, fallback, {"data.seq_len", "model.max_seq_len"},
                      "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
                          s(m.max_seq_len) + ")");
+
+  // Tensor and pipeline parallelism are not implemented (issue 31): ranks given to them
+  // would only train as replicas of the data-parallel ones, and plans would be wrong.
+  if (c.parallel.tensor != 1)
+    fail_combination(given, fallback, {"parallel.tensor"},
+                     s(c.parallel.tensor) +
+                         " is not supported yet: tensor parallelism is not implemented (issue 31)");
+  if (c.parallel.pipeline != 1)
+    fail_combination(
+        given, fallback, {"parallel.pipeline"},
+        s(c.parallel.pipeline) +
+            " is not supported yet: pipeline parallelism is not implemented (issue 31)");
 
   const TrainingSection& t = c.training;
   if (t.global_batch_size > 0 && t.grad_accum_steps > 0)
@@ -551,6 +589,13 @@ std::string yaml_text(const Spec&, const bool& v) {
 std::string yaml_text(const Spec&, const std::string& v) {
   return yaml_string(v);
 }
+template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+std::string yaml_text(const Spec&, const E& v) {
+  return yaml_string(to_string(v));
+}
+std::string yaml_text(const Spec&, const ResumeSetting& v) {
+  return yaml_string(v.text());
+}
 std::string yaml_text(const Spec&, const std::array<double, 2>& v) {
   return format_list(v.data(), v.size());
 }
@@ -601,6 +646,13 @@ std::string type_name(const Spec&, const bool&) {
 std::string type_name(const Spec& spec, const std::string&) {
   return spec.choices.empty() ? "string" : "enum";
 }
+template <class E, std::enable_if_t<has_enum_names_v<E>, int> = 0>
+std::string type_name(const Spec&, const E&) {
+  return "enum";
+}
+std::string type_name(const Spec&, const ResumeSetting&) {
+  return "string";
+}
 std::string type_name(const Spec&, const std::array<double, 2>&) {
   return "list of 2 numbers";
 }
@@ -612,8 +664,9 @@ template <class T>
 std::string allowed_text(const Spec& spec, const T&) {
   if (spec.note != nullptr) return spec.note;
   if (!spec.choices.empty()) return quoted_choices(spec);
+  if constexpr (has_enum_names_v<T>) return "`" + enum_choices<T>("`, `") + "`";
   std::string out;
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, ResumeSetting>) {
     out = spec.allow_empty ? "any" : "non-empty";
   } else if constexpr (std::is_same_v<T, bool>) {
     out = "`true`, `false`";
@@ -765,18 +818,14 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   const auto s = [](auto v) { return std::to_string(v); };
   const std::string world = "world size " + s(world_size);
   const ParallelSection& p = config.parallel;
-  const std::int64_t model_ranks = p.tensor * p.pipeline;  // both <= INT32_MAX: no overflow
-  if (world_size % model_ranks != 0)
-    throw DeckError("parallel.tensor", world,
-                    "parallel.tensor (" + s(p.tensor) + ") x parallel.pipeline (" + s(p.pipeline) +
-                        ") = " + s(model_ranks) + " does not divide the world size (" +
-                        s(world_size) + ")");
-  const std::int64_t data = world_size / model_ranks;
+  // validate() refused tensor or pipeline parallelism (not implemented, issue 31): every
+  // rank is a data-parallel rank.
+  const std::int64_t data = world_size;
   if (p.data != 0 && p.data != data)
     throw DeckError("parallel.data", world,
-                    "parallel.data (" + s(p.data) + ") must be world size / (parallel.tensor x " +
-                        "parallel.pipeline) = " + s(world_size) + " / " + s(model_ranks) + " = " +
-                        s(data) + " (or auto)");
+                    "parallel.data (" + s(p.data) + ") must be the world size (" + s(world_size) +
+                        ") or auto: every rank is a data-parallel rank while tensor and pipeline "
+                        "parallelism are not implemented");
 
   const TrainingSection& t = config.training;
   std::int64_t per_micro_step = 0;  // sequences per micro-step over all data ranks
@@ -786,8 +835,6 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   Layout layout;
   layout.world_size = world_size;
   layout.data = static_cast<int>(data);
-  layout.tensor = static_cast<int>(p.tensor);
-  layout.pipeline = static_cast<int>(p.pipeline);
   if (t.global_batch_size > 0) {
     if (t.global_batch_size % per_micro_step != 0)
       throw DeckError("training.global_batch_size", world,
@@ -871,7 +918,7 @@ std::vector<std::string> advisories(const RunConfig& config) {
   const TrainingSection& t = config.training;
   // Legal (a short smoke run of a long deck: --set training.max_steps=10), but the
   // learning rate then never reaches its peak, which is worth saying.
-  if (t.schedule.type != "constant" && t.schedule.warmup_steps > t.max_steps)
+  if (t.schedule.type != ScheduleType::constant && t.schedule.warmup_steps > t.max_steps)
     out.push_back("training.schedule.warmup_steps (" + std::to_string(t.schedule.warmup_steps) +
                   ") exceeds training.max_steps (" + std::to_string(t.max_steps) +
                   "): the learning rate never reaches training.optimizer.lr");

@@ -52,9 +52,9 @@ void validate(const RunConfig& config);
 /// listing the presets for an unknown name.
 ModelSection preset_model(const std::string& name);
 
-/// Checks the combinations that depend on the world size (tensor x pipeline dividing
-/// it, the global batch dividing into micro-batches x data ranks) and returns the
-/// layout. Throws DeckError naming the keys involved.
+/// Checks the combinations that depend on the world size (parallel.data equal to it, the
+/// global batch dividing into micro-batches x data ranks) and returns the layout, whose
+/// tensor and pipeline are 1 (validate refuses more). Throws DeckError naming the keys.
 Layout resolve_layout(const RunConfig& config, int world_size);
 
 /// Legal but suspicious settings, one sentence each (printed as warnings by rank 0).

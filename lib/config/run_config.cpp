@@ -18,6 +18,35 @@ struct EqualVisitor {
 
 }  // namespace
 
+ResumeSetting ResumeSetting::parse(std::string_view text) {
+  ResumeSetting r;
+  if (text == "auto") {
+    r.kind = Kind::automatic;
+  } else if (text == "none") {
+    r.kind = Kind::none;
+  } else {
+    r.kind = Kind::path;
+    r.path = std::string(text);
+  }
+  return r;
+}
+
+std::string ResumeSetting::text() const {
+  switch (kind) {
+    case Kind::automatic:
+      return "auto";
+    case Kind::none:
+      return "none";
+    case Kind::path:
+      break;
+  }
+  return path;
+}
+
+bool operator==(const ResumeSetting& a, const ResumeSetting& b) {
+  return a.kind == b.kind && a.path == b.path;
+}
+
 bool operator==(const RunSection& a, const RunSection& b) {
   EqualVisitor v;
   detail::visit_run(v, a, b);

@@ -7,9 +7,67 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/enum_names.hpp"
+
 namespace dst::config {
+
+// ---------------------------------------------------------------------------------------
+// Enumerated settings. Each has one name table (EnumNames, core/enum_names.hpp): the deck
+// parses through it, to_yaml and the docs print it, and logs use dst::to_string(value).
+// The enumerators are in the order of the names.
+// ---------------------------------------------------------------------------------------
+
+/// data.format: how data.train/valid are stored.
+enum class DataFormat : std::uint8_t {
+  automatic,  ///< "auto": text for paths ending in .txt, else HDF5 shards or a manifest
+  hdf5,
+  text,
+};
+
+/// training.optimizer.type.
+enum class OptimizerType : std::uint8_t { adamw };
+
+/// training.schedule.type: the learning rate's shape after warm-up.
+enum class ScheduleType : std::uint8_t { constant, cosine, linear, inverse_sqrt, multistep };
+
+/// training.schedule.world_size_scaling: how the peak rate follows the world size.
+enum class WorldSizeScaling : std::uint8_t { none, linear, sqrt };
+
+/// training.precision: the storage and multiply precision of the forward and backward.
+enum class Precision : std::uint8_t { fp32, bf16, fp16 };
+
+/// parallel.backend as the deck gives it (runtime::resolve_backends resolves `auto`).
+enum class ParallelBackend : std::uint8_t { automatic, mpi, shm, nccl };
+
+/// kernels.backend as the deck gives it (runtime::resolve_backends resolves `auto`).
+enum class KernelsBackend : std::uint8_t { automatic, kokkos, cuda };
+
+/// kernels.host_gemm: who runs the host's matrix products (tensor::HostGemm once resolved).
+enum class HostGemmSetting : std::uint8_t { automatic, blas, dstrain };
+
+/// debug.nan_policy: what a non-finite loss or gradient does.
+enum class NanPolicy : std::uint8_t { abort, skip };
+
+/// checkpoint.resume: `auto` (the newest checkpoint in run.output_dir, if any), `none`
+/// (start fresh) or a checkpoint path.
+struct ResumeSetting {
+  enum class Kind : std::uint8_t { automatic, none, path };
+  Kind kind = Kind::automatic;
+  std::string path;  ///< Kind::path: the checkpoint; empty otherwise
+
+  /// "auto", "none", or any other text as a path (an empty one included: validation
+  /// refuses it, naming the key).
+  static ResumeSetting parse(std::string_view text);
+  /// The deck's text: "auto", "none" or the path.
+  std::string text() const;
+};
+bool operator==(const ResumeSetting& a, const ResumeSetting& b);
+inline bool operator!=(const ResumeSetting& a, const ResumeSetting& b) {
+  return !(a == b);
+}
 
 struct RunSection {
   std::string name = "dstrain-run";
@@ -36,12 +94,12 @@ struct DataSection {
   std::string train;  ///< shard glob or manifest; empty = not configured
   std::string valid;
   std::int64_t seq_len = 256;
-  std::string format = "auto";  ///< auto | hdf5 | text (auto: ".txt" files are text)
-  std::string text_separator;   ///< text: a line equal to this separates documents
+  DataFormat format = DataFormat::automatic;
+  std::string text_separator;  ///< text: a line equal to this separates documents
 };
 
 struct OptimizerSection {
-  std::string type = "adamw";
+  OptimizerType type = OptimizerType::adamw;
   double lr = 3.0e-4;
   std::array<double, 2> betas{0.9, 0.95};
   double eps = 1.0e-8;
@@ -49,13 +107,13 @@ struct OptimizerSection {
 };
 
 struct ScheduleSection {
-  std::string type = "cosine";  ///< constant | cosine | linear | inverse_sqrt | multistep
+  ScheduleType type = ScheduleType::cosine;
   std::int64_t warmup_steps = 20;
   double min_lr_ratio = 0.1;
   /// multistep: at these fractions of max_steps the LR drops to the matching factor.
   std::vector<double> milestones{0.8, 0.9};
   std::vector<double> factors{0.316, 0.1};
-  std::string world_size_scaling = "none";  ///< none | linear | sqrt
+  WorldSizeScaling world_size_scaling = WorldSizeScaling::none;
   std::int64_t reference_world_size = 1;
 };
 
@@ -65,17 +123,19 @@ struct TrainingSection {
   std::int64_t global_batch_size = 16;  ///< 0 = derive from grad_accum_steps
   std::int64_t micro_batch_size = 8;
   std::int64_t grad_accum_steps = 0;  ///< only when global_batch_size is 0; 0 = derived
-  std::string precision = "fp32";     ///< fp32 | bf16 | fp16
-  double grad_clip = 1.0;             ///< 0 = no clipping
+  Precision precision = Precision::fp32;
+  double grad_clip = 1.0;  ///< 0 = no clipping
   OptimizerSection optimizer;
   ScheduleSection schedule;
 };
 
 struct ParallelSection {
-  std::int64_t data = 0;  ///< 0 = auto: the rest of the world after tensor x pipeline
+  std::int64_t data = 0;  ///< 0 = auto: the world size (every rank is a data rank)
+  /// Only 1 is accepted until tensor parallelism exists (issue 31): the deck refuses more.
   std::int64_t tensor = 1;
+  /// Only 1 is accepted until pipeline parallelism exists (issue 31): the deck refuses more.
   std::int64_t pipeline = 1;
-  std::string backend = "auto";  ///< auto | mpi | shm | nccl
+  ParallelBackend backend = ParallelBackend::automatic;
   double bucket_mb = 25.0;
   /// Start bucket all-reduces during backward, polled by a progress thread (Open MPI
   /// makes no asynchronous progress): about half the exposed communication of the
@@ -86,14 +146,14 @@ struct ParallelSection {
 };
 
 struct KernelsSection {
-  std::string backend = "auto";    ///< auto | kokkos | cuda
-  std::string host_gemm = "auto";  ///< auto | blas | dstrain
+  KernelsBackend backend = KernelsBackend::automatic;
+  HostGemmSetting host_gemm = HostGemmSetting::automatic;
 };
 
 struct CheckpointSection {
   std::int64_t every_steps = 100;  ///< 0 = only at the end
   std::int64_t keep_last = 3;
-  std::string resume = "auto";  ///< auto | none | <path>
+  ResumeSetting resume;  ///< auto
 };
 
 struct LoggingSection {
@@ -109,7 +169,7 @@ struct EvalSection {
 struct DebugSection {
   bool deterministic = true;
   std::int64_t consistency_every = 100;  ///< 0 = never
-  std::string nan_policy = "abort";      ///< abort | skip
+  NanPolicy nan_policy = NanPolicy::abort;
   std::int64_t inject_nan_step = -1;
   std::int64_t inject_overflow_step = -1;  ///< +inf in the last rank's gradient (fp16 tests)
   std::int64_t inject_hang_rank = -1;
@@ -134,7 +194,8 @@ struct RunConfig {
   DebugSection debug;
 };
 
-/// The data-parallel layout a config resolves to on a given world size.
+/// The data-parallel layout a config resolves to on a given world size. tensor and
+/// pipeline are 1 until those kinds of parallelism exist (the deck refuses more).
 struct Layout {
   int world_size = 1;
   int data = 1;
@@ -204,3 +265,45 @@ inline bool operator!=(const Layout& a, const Layout& b) {
 }
 
 }  // namespace dst::config
+
+namespace dst {
+
+template <>
+struct EnumNames<config::DataFormat> {
+  static constexpr std::array<const char*, 3> names{"auto", "hdf5", "text"};
+};
+template <>
+struct EnumNames<config::OptimizerType> {
+  static constexpr std::array<const char*, 1> names{"adamw"};
+};
+template <>
+struct EnumNames<config::ScheduleType> {
+  static constexpr std::array<const char*, 5> names{"constant", "cosine", "linear", "inverse_sqrt",
+                                                    "multistep"};
+};
+template <>
+struct EnumNames<config::WorldSizeScaling> {
+  static constexpr std::array<const char*, 3> names{"none", "linear", "sqrt"};
+};
+template <>
+struct EnumNames<config::Precision> {
+  static constexpr std::array<const char*, 3> names{"fp32", "bf16", "fp16"};
+};
+template <>
+struct EnumNames<config::ParallelBackend> {
+  static constexpr std::array<const char*, 4> names{"auto", "mpi", "shm", "nccl"};
+};
+template <>
+struct EnumNames<config::KernelsBackend> {
+  static constexpr std::array<const char*, 3> names{"auto", "kokkos", "cuda"};
+};
+template <>
+struct EnumNames<config::HostGemmSetting> {
+  static constexpr std::array<const char*, 3> names{"auto", "blas", "dstrain"};
+};
+template <>
+struct EnumNames<config::NanPolicy> {
+  static constexpr std::array<const char*, 2> names{"abort", "skip"};
+};
+
+}  // namespace dst

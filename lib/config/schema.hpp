@@ -9,6 +9,8 @@
 /// A visitor provides
 ///   void section(const char* path, const char* doc);
 ///   template <class T> void field(const char* path, const Spec& spec, T&... fields);
+/// where T is a scalar, a list, std::string, ResumeSetting, or an enum with EnumNames
+/// (core/enum_names.hpp), whose names are the key's allowed values.
 /// The visit functions take one or more sections of the same type (const or not) and
 /// pass the matching field of each, so a two-config visitor (operator==) uses the same
 /// table as a one-config one.
@@ -31,11 +33,13 @@ struct Spec {
   std::optional<double> max;  ///< upper bound (inclusive unless max_open)
   bool min_open = false;
   bool max_open = false;
-  std::vector<const char*> choices;  ///< enum: the allowed strings
-  bool allow_empty = false;          ///< string: "" (or null) is allowed
-  bool auto_zero = false;            ///< integer: `auto` is accepted and stored as 0
-  bool increasing = false;           ///< list: strictly increasing elements
-  const char* note = nullptr;        ///< extra text for the "allowed" column
+  /// A string key limited to these names (model.preset). Enumerated settings are enum
+  /// types instead, whose names come from their EnumNames table.
+  std::vector<const char*> choices;
+  bool allow_empty = false;    ///< string: "" (or null) is allowed
+  bool auto_zero = false;      ///< integer: `auto` is accepted and stored as 0
+  bool increasing = false;     ///< list: strictly increasing elements
+  const char* note = nullptr;  ///< extra text for the "allowed" column
 
   explicit Spec(const char* d) : doc(d) {}
   Spec& at_least(double v) {
@@ -156,8 +160,7 @@ void visit_data(V& v, S&... s) {
           s.seq_len...);
   v.field("data.format",
           Spec("How data.train/valid are stored: hdf5 shards, or plain text files read "
-               "with the byte-level vocabulary; auto = text for paths ending in .txt.")
-              .one_of({"auto", "hdf5", "text"}),
+               "with the byte-level vocabulary; auto = text for paths ending in .txt."),
           s.format...);
   v.field("data.text_separator",
           Spec("Text data: a line equal to this separates documents; empty = one document "
@@ -169,7 +172,7 @@ void visit_data(V& v, S&... s) {
 template <class V, class... S>
 void visit_optimizer(V& v, S&... s) {
   v.section("training.optimizer", "The optimizer.");
-  v.field("training.optimizer.type", Spec("Optimizer.").one_of({"adamw"}), s.type...);
+  v.field("training.optimizer.type", Spec("Optimizer."), s.type...);
   v.field("training.optimizer.lr", Spec("Peak learning rate.").above(0), s.lr...);
   v.field("training.optimizer.betas", Spec("Adam beta1 and beta2.").at_least(0).below(1),
           s.betas...);
@@ -181,10 +184,7 @@ void visit_optimizer(V& v, S&... s) {
 template <class V, class... S>
 void visit_schedule(V& v, S&... s) {
   v.section("training.schedule", "Learning-rate schedule.");
-  v.field("training.schedule.type",
-          Spec("Shape of the learning rate after warm-up.")
-              .one_of({"constant", "cosine", "linear", "inverse_sqrt", "multistep"}),
-          s.type...);
+  v.field("training.schedule.type", Spec("Shape of the learning rate after warm-up."), s.type...);
   v.field("training.schedule.warmup_steps",
           Spec("Linear warm-up steps from 0 to the peak; at most training.max_steps.").at_least(0),
           s.warmup_steps...);
@@ -205,8 +205,7 @@ void visit_schedule(V& v, S&... s) {
           s.factors...);
   v.field("training.schedule.world_size_scaling",
           Spec("Scale the peak rate by world_size / reference_world_size (linear) or its square "
-               "root (sqrt).")
-              .one_of({"none", "linear", "sqrt"}),
+               "root (sqrt)."),
           s.world_size_scaling...);
   v.field("training.schedule.reference_world_size",
           Spec("World size the peak rate was tuned for.").at_least(1).at_most(kIntMax),
@@ -238,8 +237,7 @@ void visit_training(V& v, S&... s) {
   v.field("training.precision",
           Spec("Compute precision of the forward and backward pass: bf16/fp16 store parameters "
                "and activations in 16 bits (emulated on CPUs) with fp32 master weights, moments "
-               "and reductions; fp16 adds dynamic loss scaling (docs/precision.md).")
-              .one_of({"fp32", "bf16", "fp16"}),
+               "and reductions; fp16 adds dynamic loss scaling (docs/precision.md)."),
           s.precision...);
   v.field("training.grad_clip", Spec("Global gradient-norm clip; 0 = no clipping.").at_least(0),
           s.grad_clip...);
@@ -251,14 +249,27 @@ template <class V, class... S>
 void visit_parallel(V& v, S&... s) {
   v.section("parallel", "How the ranks are divided and how they talk.");
   v.field("parallel.data",
-          Spec("Data-parallel ranks; auto = world size / (tensor x pipeline).")
+          Spec("Data-parallel ranks; auto = the world size (every rank while tensor and "
+               "pipeline parallelism are not implemented).")
               .with_auto()
               .at_least(1)
               .at_most(kIntMax),
           s.data...);
-  v.field("parallel.tensor", Spec("Tensor-parallel ranks.").at_least(1).at_most(kIntMax),
+  // Accepted in the schema's range for the day they work; until then more than 1 is a deck
+  // error (check_combinations), so that extra ranks cannot train as silent replicas.
+  v.field("parallel.tensor",
+          Spec("Tensor-parallel ranks. Not implemented yet (issue 31): more than 1 is a deck "
+               "error.")
+              .at_least(1)
+              .at_most(kIntMax)
+              .with_note("`1` (more is not supported yet)"),
           s.tensor...);
-  v.field("parallel.pipeline", Spec("Pipeline-parallel stages.").at_least(1).at_most(kIntMax),
+  v.field("parallel.pipeline",
+          Spec("Pipeline-parallel stages. Not implemented yet (issue 31): more than 1 is a "
+               "deck error.")
+              .at_least(1)
+              .at_most(kIntMax)
+              .with_note("`1` (more is not supported yet)"),
           s.pipeline...);
   v.field(
       "parallel.backend",
@@ -267,8 +278,7 @@ void visit_parallel(V& v, S&... s) {
            "shm (gradients summed in one node's shared memory, the optimizer's update shared by "
            "its ranks) when the model runs on the host, the data "
            "group has more than one rank and the job is on one node "
-           "(docs/performance.md); else mpi.")
-          .one_of({"auto", "mpi", "shm", "nccl"}),
+           "(docs/performance.md); else mpi."),
       s.backend...);
   v.field("parallel.bucket_mb", Spec("Gradient all-reduce bucket size in MiB.").above(0),
           s.bucket_mb...);
@@ -292,8 +302,7 @@ void visit_parallel(V& v, S&... s) {
 template <class V, class... S>
 void visit_kernels(V& v, S&... s) {
   v.section("kernels", "Compute kernels.");
-  v.field("kernels.backend", Spec("Kernel back end.").one_of({"auto", "kokkos", "cuda"}),
-          s.backend...);
+  v.field("kernels.backend", Spec("Kernel back end."), s.backend...);
   v.field("kernels.host_gemm",
           Spec("Who runs the matrix products on the host: auto = dstrain's own AVX-512 kernels "
                "where the CPU has AVX-512F for attention and for the dense layers' forward and "
@@ -301,8 +310,7 @@ void visit_kernels(V& v, S&... s) {
                "OpenBLAS for the rest (weight gradients); blas = OpenBLAS for every product; "
                "dstrain = dstrain's kernels for every product (an error on a CPU without "
                "AVX-512F). dstrain's kernels give the same bits on every CPU that runs them "
-               "(docs/performance.md).")
-              .one_of({"auto", "blas", "dstrain"}),
+               "(docs/performance.md)."),
           s.host_gemm...);
 }
 
@@ -347,8 +355,7 @@ void visit_debug(V& v, S&... s) {
   v.field("debug.consistency_every",
           Spec("Cross-rank parameter hash check interval in steps; 0 = never.").at_least(0),
           s.consistency_every...);
-  v.field("debug.nan_policy",
-          Spec("On a non-finite loss: abort the job, or skip the step.").one_of({"abort", "skip"}),
+  v.field("debug.nan_policy", Spec("On a non-finite loss: abort the job, or skip the step."),
           s.nan_policy...);
   v.field("debug.inject_nan_step",
           Spec("Put a NaN into the last rank's gradient at this step (0-based); -1 = off.")

@@ -54,25 +54,23 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout) {
                 " parameters but the closed form gives " + std::to_string(plan.params.total()));
   const ModelMemory mm = model.memory();
 
-  // Tensor and pipeline parallelism (not implemented yet) would split weights and
-  // activations evenly; data-parallel ranks each hold everything.
-  const std::uint64_t split =
-      static_cast<std::uint64_t>(layout.tensor) * static_cast<std::uint64_t>(layout.pipeline);
-  const bool low_precision = c.training.precision != "fp32";
+  // Every rank holds the whole model: data-parallel ranks are replicas, and tensor and
+  // pipeline parallelism, which would split it, are not implemented (the deck refuses
+  // them, issue 31).
+  const bool low_precision = c.training.precision != config::Precision::fp32;
   auto& mem = plan.memory;
   // fp32 master weights, plus a 16-bit compute copy in bf16/fp16 runs.
-  mem.parameters = (mm.parameters + (low_precision ? mm.parameters / 2 : 0)) / split;
-  mem.gradients = mm.gradients / split;
-  mem.optimizer = 2 * mm.parameters / split;  // AdamW first and second moments, fp32
-  mem.activations = mm.activations / split;
+  mem.parameters = mm.parameters + (low_precision ? mm.parameters / 2 : 0);
+  mem.gradients = mm.gradients;
+  mem.optimizer = 2 * mm.parameters;  // AdamW first and second moments, fp32
+  mem.activations = mm.activations;
   // Backward scratch plus two gradient all-reduce buckets in flight.
   const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
   mem.workspace = mm.workspace + (layout.data > 1 ? 2 * bucket : 0);
 
   // Ring all-reduce moves 2 (p-1)/p of the gradient bytes per rank (fp32 gradients).
   const double p = layout.data;
-  plan.comm_bytes_per_step =
-      p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(mm.gradients / split) : 0.0;
+  plan.comm_bytes_per_step = p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(mm.gradients) : 0.0;
   return plan;
 }
 
@@ -134,7 +132,7 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
   row("FLOPs per step", format_count(plan.flops_per_step), "");
   const auto& m = plan.memory;
   row("memory per rank", format_bytes(static_cast<double>(m.total())),
-      "(precision " + c.training.precision + ")");
+      "(precision " + to_string(c.training.precision) + ")");
   row("  parameters", format_bytes(static_cast<double>(m.parameters)), "");
   row("  gradients", format_bytes(static_cast<double>(m.gradients)), "");
   row("  optimizer state", format_bytes(static_cast<double>(m.optimizer)), "(AdamW moments, fp32)");

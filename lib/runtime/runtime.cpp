@@ -253,53 +253,70 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
 
 Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device,
                           const int data_ranks, const int nodes) {
+  using config::KernelsBackend;
+  using config::ParallelBackend;
+  using Backend = ComputeBackend;
   Backends b;
   const bool on_gpu = device.kind == "cuda";
-  const auto& kern = config.kernels.backend;
-  if (kern == "auto") {
-    b.kernels = on_gpu ? "cuda" : "kokkos";
-  } else if (kern == "cuda" && !on_gpu) {
-    throw DeckError(
-        "kernels.backend", "",
-        core::built_with_cuda()
-            ? "'cuda' but this rank has no CUDA device" +
-                  (device.no_gpu_reason.empty() ? std::string()
-                                                : " (" + device.no_gpu_reason + ")") +
-                  " (use 'kokkos' or 'auto')"
-            : "'cuda' needs a build with DSTRAIN_ENABLE_CUDA=ON (use 'kokkos' or 'auto')");
-  } else {
-    b.kernels = kern;
+  switch (config.kernels.backend) {
+    case KernelsBackend::automatic:
+      b.kernels = on_gpu ? Backend::cuda : Backend::kokkos;
+      break;
+    case KernelsBackend::kokkos:
+      b.kernels = Backend::kokkos;
+      break;
+    case KernelsBackend::cuda:
+      if (!on_gpu)
+        throw DeckError(
+            "kernels.backend", "",
+            core::built_with_cuda()
+                ? "'cuda' but this rank has no CUDA device" +
+                      (device.no_gpu_reason.empty() ? std::string()
+                                                    : " (" + device.no_gpu_reason + ")") +
+                      " (use 'kokkos' or 'auto')"
+                : "'cuda' needs a build with DSTRAIN_ENABLE_CUDA=ON (use 'kokkos' or 'auto')");
+      b.kernels = Backend::cuda;
+      break;
   }
+  const std::string kernels = to_string(b.kernels);
   // NCCL sums device memory: it is the gradients' communicator only where the model runs
   // on the GPU, and auto takes it only where there is something to sum: alone in the data
   // group, the gradients stay on the device untouched (train::GradBuckets), and an NCCL
   // communicator would add a bootstrap and its failure modes for nothing.
   // Shared memory sums host memory where every rank can map every other's: the kernels
   // run on the host and the job is on one node. Alone there is nothing to sum.
-  const auto& comm = config.parallel.backend;
-  if (comm == "auto") {
-    if (b.kernels == "cuda")
-      b.comm = core::built_with_nccl() && data_ranks > 1 ? "nccl" : "mpi";
-    else
-      b.comm = data_ranks > 1 && nodes == 1 ? "shm" : "mpi";
-  } else if (comm == "shm" && b.kernels != "kokkos") {
-    throw DeckError("parallel.backend", "",
-                    "'shm' sums gradients in host memory, but kernels.backend is '" + b.kernels +
-                        "' (device memory): use 'mpi', 'nccl' or 'auto'");
-  } else if (comm == "shm" && nodes > 1) {
-    throw DeckError("parallel.backend", "",
-                    "'shm' needs every rank on one node, but this job spans " +
-                        std::to_string(nodes) + " nodes: use 'mpi' or 'auto'");
-  } else if (comm == "nccl" && !core::built_with_nccl()) {
-    throw DeckError("parallel.backend", "",
-                    "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI only "
-                    "(use 'mpi' or 'auto')");
-  } else if (comm == "nccl" && b.kernels != "cuda") {
-    throw DeckError("parallel.backend", "",
-                    "'nccl' sums gradients in GPU memory, but kernels.backend is '" + b.kernels +
-                        "' (host memory): use 'mpi' or 'auto', or kernels.backend 'cuda'");
-  } else {
-    b.comm = comm;
+  switch (config.parallel.backend) {
+    case ParallelBackend::automatic:
+      if (b.kernels == Backend::cuda)
+        b.comm = core::built_with_nccl() && data_ranks > 1 ? CommBackend::nccl : CommBackend::mpi;
+      else
+        b.comm = data_ranks > 1 && nodes == 1 ? CommBackend::shm : CommBackend::mpi;
+      break;
+    case ParallelBackend::mpi:
+      b.comm = CommBackend::mpi;
+      break;
+    case ParallelBackend::shm:
+      if (b.kernels != Backend::kokkos)
+        throw DeckError("parallel.backend", "",
+                        "'shm' sums gradients in host memory, but kernels.backend is '" + kernels +
+                            "' (device memory): use 'mpi', 'nccl' or 'auto'");
+      if (nodes > 1)
+        throw DeckError("parallel.backend", "",
+                        "'shm' needs every rank on one node, but this job spans " +
+                            std::to_string(nodes) + " nodes: use 'mpi' or 'auto'");
+      b.comm = CommBackend::shm;
+      break;
+    case ParallelBackend::nccl:
+      if (!core::built_with_nccl())
+        throw DeckError("parallel.backend", "",
+                        "'nccl' needs a build with DSTRAIN_ENABLE_NCCL=ON; this build has MPI "
+                        "only (use 'mpi' or 'auto')");
+      if (b.kernels != Backend::cuda)
+        throw DeckError("parallel.backend", "",
+                        "'nccl' sums gradients in GPU memory, but kernels.backend is '" + kernels +
+                            "' (host memory): use 'mpi' or 'auto', or kernels.backend 'cuda'");
+      b.comm = CommBackend::nccl;
+      break;
   }
   return b;
 }
@@ -310,8 +327,9 @@ std::string describe_layout(const Runtime& rt, const config::Layout& layout, con
   os << "layout: " << n.world_size << " rank" << (n.world_size == 1 ? "" : "s") << " on "
      << n.num_nodes << " node" << (n.num_nodes == 1 ? "" : "s") << " (up to "
      << n.max_ranks_per_node << " per node) | data " << layout.data << " x tensor " << layout.tensor
-     << " x pipeline " << layout.pipeline << " | comm " << b.comm << " | kernels " << b.kernels
-     << " (Kokkos " << rt.kokkos_space() << ") | device " << rt.device().kind;
+     << " x pipeline " << layout.pipeline << " | comm " << to_string(b.comm) << " | kernels "
+     << to_string(b.kernels) << " (Kokkos " << rt.kokkos_space() << ") | device "
+     << rt.device().kind;
   if (!rt.device().name.empty()) os << " (" << rt.device().name << ")";
   if (rt.device().kind == "cuda") {
     char mem[64];

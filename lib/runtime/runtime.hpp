@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "config/deck.hpp"
+#include "core/compute_backend.hpp"
+#include "core/enum_names.hpp"
 #include "runtime/startup_watchdog.hpp"
 
 namespace dst::runtime {
@@ -112,10 +114,17 @@ config::RunConfig load_deck_collectively(Runtime& rt, const std::string& path,
 /// Library versions for --version (works before MPI_Init).
 std::vector<std::pair<std::string, std::string>> library_versions();
 
+/// Who sums a data group's gradients, once parallel.backend is resolved.
+enum class CommBackend : std::uint8_t {
+  mpi,   ///< MPI all-reduces (comm::Communicator)
+  shm,   ///< one node's shared memory (comm::SharedSum)
+  nccl,  ///< NCCL on the GPU (comm::NcclCommunicator)
+};
+
 /// The back ends a run uses after resolving "auto" against this build and device.
 struct Backends {
-  std::string comm;     ///< "mpi", "shm" or "nccl"
-  std::string kernels;  ///< "kokkos" or "cuda"
+  CommBackend comm = CommBackend::mpi;
+  ComputeBackend kernels = ComputeBackend::kokkos;  ///< tensor::Backend
 };
 
 /// Resolves parallel.backend and kernels.backend for a rank of a data group of
@@ -141,3 +150,10 @@ int rank_from_environment();
 void maybe_stall_for_test(int rank, const std::string& step);
 
 }  // namespace dst::runtime
+
+namespace dst {
+template <>
+struct EnumNames<runtime::CommBackend> {
+  static constexpr std::array<const char*, 3> names{"mpi", "shm", "nccl"};
+};
+}  // namespace dst

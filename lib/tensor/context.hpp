@@ -3,20 +3,20 @@
 /// Where and how a kernel or matrix product runs. Passed explicitly to every kernel and
 /// BLAS call (never a global), so the model never knows which back end runs it.
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "core/compute_backend.hpp"
 #include "core/dtype.hpp"
 
 namespace dst::tensor {
 
-enum class Backend : std::uint8_t {
-  kokkos,  ///< portable Kokkos kernels (the reference); host BLAS for matrix products
-  cuda,    ///< native CUDA kernels; cuBLAS/cuBLASLt (DSTRAIN_ENABLE_CUDA builds)
-};
+/// kokkos or cuda (core/compute_backend.hpp, where the runtime resolves it too).
+using Backend = ComputeBackend;
 
 constexpr std::string_view backend_name(Backend b) {
-  return b == Backend::cuda ? "cuda" : "kokkos";
+  return EnumNames<Backend>::names[static_cast<std::size_t>(b)];
 }
 
 /// Who runs the host's matrix products (kernels.host_gemm): the host BLAS (OpenBLAS), or

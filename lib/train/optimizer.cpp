@@ -17,8 +17,6 @@ AdamW::AdamW(const config::OptimizerSection& opt, const model::ParamStore& store
       v_("adamw second moments",
          store.planning() ? tensor::Arena::Mode::plan : tensor::Arena::Mode::allocate,
          elements_ * sizeof(float), tensor::device_of(store.context()), store.context().stream) {
-  if (opt_.type != "adamw")
-    throw Error("train::AdamW: training.optimizer.type is '" + opt_.type + "', not 'adamw'");
   ranges_.reserve(store.size());
   for (const auto& s : store.specs())
     ranges_.push_back(Range{s.offset, s.shape, s.weight_decay});

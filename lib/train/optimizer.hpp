@@ -34,7 +34,6 @@ class AdamW {
  public:
   /// Lays out (plans, or allocates zeroed) the moments for `store`'s layout; nothing is
   /// allocated afterwards. In a planning store's mode nothing is allocated at all.
-  /// Throws dst::Error unless opt.type is "adamw".
   AdamW(const config::OptimizerSection& opt, const model::ParamStore& store);
 
   /// One step: increments the step count t, then for each tensor runs kernels::adamw_step

@@ -116,11 +116,11 @@ std::vector<config::KeyChange> check_resume_deck(const config::RunConfig& saved,
 
 ResumeOutcome resume_training(Trainer& trainer, ckpt::Directory& dir, const config::RunConfig& cfg,
                               const std::string& tokenizer_name, comm::Communicator& world) {
-  const std::string& mode = cfg.checkpoint.resume;
-  if (mode == "none") return {};
-  if (mode != "auto") {
+  const config::ResumeSetting& resume = cfg.checkpoint.resume;
+  if (resume.kind == config::ResumeSetting::Kind::none) return {};
+  if (resume.kind == config::ResumeSetting::Kind::path) {
     try {
-      return load(trainer, mode, cfg, tokenizer_name, world);
+      return load(trainer, resume.path, cfg, tokenizer_name, world);
     } catch (const ckpt::CheckpointError& e) {
       throw CollectiveError(std::string("cannot resume: ") + e.what(), kExitCheckpoint);
     }

@@ -22,11 +22,16 @@ double peak_learning_rate(const config::TrainingSection& training, int world_siz
   const double ratio =
       static_cast<double>(world_size) / static_cast<double>(sched.reference_world_size);
   const double lr = training.optimizer.lr;
-  if (sched.world_size_scaling == "none") return lr;
-  if (sched.world_size_scaling == "linear") return lr * ratio;
-  if (sched.world_size_scaling == "sqrt") return lr * std::sqrt(ratio);
-  throw Error("train::learning_rate: unknown training.schedule.world_size_scaling '" +
-              sched.world_size_scaling + "' (none | linear | sqrt)");
+  switch (sched.world_size_scaling) {
+    case config::WorldSizeScaling::none:
+      return lr;
+    case config::WorldSizeScaling::linear:
+      return lr * ratio;
+    case config::WorldSizeScaling::sqrt:
+      return lr * std::sqrt(ratio);
+  }
+  throw Error("train::learning_rate: training.schedule.world_size_scaling holds no known value (" +
+              std::to_string(static_cast<int>(sched.world_size_scaling)) + ")");
 }
 
 std::int64_t milestone_step(double fraction, std::int64_t max_steps) {
@@ -45,12 +50,9 @@ double learning_rate(const config::TrainingSection& training, std::int64_t step,
   const double peak = peak_learning_rate(training, world_size);
   const std::int64_t warmup = sched.warmup_steps;
   const std::int64_t max_steps = training.max_steps;
-  const auto& type = sched.type;
-  if (type != "constant" && type != "cosine" && type != "linear" && type != "inverse_sqrt" &&
-      type != "multistep")
-    throw Error("train::learning_rate: unknown training.schedule.type '" + type +
-                "' (constant | cosine | linear | inverse_sqrt | multistep)");
-  if (type == "multistep" && sched.milestones.size() != sched.factors.size())
+  using config::ScheduleType;
+  const ScheduleType type = sched.type;
+  if (type == ScheduleType::multistep && sched.milestones.size() != sched.factors.size())
     throw Error("train::learning_rate: training.schedule.milestones has " +
                 std::to_string(sched.milestones.size()) + " entries but factors has " +
                 std::to_string(sched.factors.size()));
@@ -58,16 +60,16 @@ double learning_rate(const config::TrainingSection& training, std::int64_t step,
   if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
 
   const double floor = sched.min_lr_ratio * peak;
-  if (type == "constant") return peak;
-  if (type == "cosine" || type == "linear") {
+  if (type == ScheduleType::constant) return peak;
+  if (type == ScheduleType::cosine || type == ScheduleType::linear) {
     const double p = max_steps <= warmup
                          ? 1.0
                          : std::min(1.0, static_cast<double>(step - warmup) /
                                              static_cast<double>(max_steps - warmup));
-    const double shape = type == "cosine" ? 0.5 * (1.0 + std::cos(kPi * p)) : 1.0 - p;
+    const double shape = type == ScheduleType::cosine ? 0.5 * (1.0 + std::cos(kPi * p)) : 1.0 - p;
     return floor + (peak - floor) * shape;
   }
-  if (type == "inverse_sqrt") {
+  if (type == ScheduleType::inverse_sqrt) {
     const double w = static_cast<double>(std::max<std::int64_t>(warmup, 1));
     return std::max(floor, peak * std::sqrt(w / static_cast<double>(step + 1)));
   }

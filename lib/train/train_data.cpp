@@ -45,7 +45,7 @@ std::vector<std::string> expand_paths(const std::string& spec, const char* key) 
 }
 
 bool is_text(const config::DataSection& d) {
-  if (d.format != "auto") return d.format == "text";
+  if (d.format != config::DataFormat::automatic) return d.format == config::DataFormat::text;
   return d.train.size() >= 4 && d.train.compare(d.train.size() - 4, 4, ".txt") == 0;
 }
 

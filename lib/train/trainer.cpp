@@ -59,11 +59,17 @@ void split_rows(const std::int32_t* rows, std::int64_t n, std::int64_t T, std::i
 }
 
 /// training.precision -> the storage type the model computes with (docs/precision.md).
-DType storage_type(const std::string& precision) {
-  if (precision == "fp32") return DType::f32;
-  if (precision == "bf16") return DType::bf16;
-  if (precision == "fp16") return DType::f16;
-  throw Error("trainer: training.precision must be fp32, bf16 or fp16, got '" + precision + "'");
+DType storage_type(config::Precision precision) {
+  switch (precision) {
+    case config::Precision::fp32:
+      return DType::f32;
+    case config::Precision::bf16:
+      return DType::bf16;
+    case config::Precision::fp16:
+      return DType::f16;
+  }
+  throw Error("trainer: training.precision holds no known value (" +
+              std::to_string(static_cast<int>(precision)) + ")");
 }
 
 /// The parameter tensor holding flat-buffer offset `offset`.
@@ -90,11 +96,11 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                ? std::make_unique<runtime::StartupStep>(*options.watchdog, what, timeout_s)
                : nullptr;
   };
-  if (options.grad_comm == "nccl") {
+  if (options.grad_comm == runtime::CommBackend::nccl) {
     const auto s = step("NCCL communicator of the data group", 0.0);  // polled by NCCL's own
     device_comm_ = comm::make_device_communicator(*groups.data, "data", config.parallel.timeout_s,
                                                   config.parallel.init_timeout_s, ctx_.stream);
-  } else if (options.grad_comm == "shm") {
+  } else if (options.grad_comm == runtime::CommBackend::shm) {
     // The gradients (buffer 0) and parameters (buffer 1), with a slot per bucket and one
     // for the parameters' gather.
     const auto s = step("shared-memory gradient and parameter buffers of the data group",
@@ -103,9 +109,6 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
         model::flat_buffer_elements(model::dense_parameter_layout(config.model));
     shared_ = std::make_unique<comm::SharedSum>(
         *groups.data, elements, GradBuckets::bucket_count_for(elements, bucket_bytes) + 1, 2);
-  } else if (options.grad_comm != "mpi") {
-    throw Error("train: the gradients are summed by mpi, nccl or shm, not '" + options.grad_comm +
-                "'");
   }
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
@@ -117,7 +120,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     shared_update_ = shared_.get();
     gather_slot_ = shared_->slots() - 1;
   }
-  loss_scaling_ = config.training.precision == "fp16";
+  loss_scaling_ = config.training.precision == config::Precision::fp16;
   optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   data::SamplerConfig sc;
   sc.num_samples = train.num_samples();
@@ -278,7 +281,7 @@ StepStats Trainer::step() {
       os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor "
          << (nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?"));
     }
-    if (cfg_.debug.nan_policy == "abort")
+    if (cfg_.debug.nan_policy == config::NanPolicy::abort)
       throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
     st.skipped = true;  // every rank decides alike: parameters and moments stay untouched
     ++skipped_;

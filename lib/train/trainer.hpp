@@ -16,6 +16,7 @@
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
 #include "model/dense_model.hpp"
+#include "runtime/runtime.hpp"
 #include "runtime/startup_watchdog.hpp"
 #include "tensor/context.hpp"
 #include "train/faults.hpp"
@@ -83,7 +84,7 @@ class Trainer {
     ///    (SharedSum::part_of) and the parameters are gathered in place; the moments
     ///    outside a rank's part are gathered only for a checkpoint (docs/performance.md,
     ///    "the optimizer shared by the ranks of a node").
-    std::string grad_comm = "mpi";
+    runtime::CommBackend grad_comm = runtime::CommBackend::mpi;
     /// Names the start-up steps that make the NCCL communicator or the shared buffers
     /// (a rank that does not arrive ends the job naming the step); none when null.
     runtime::StartupWatchdog* watchdog = nullptr;

@@ -42,11 +42,11 @@ std::string format_scale(double scale) {
 /// H100 / H200 SXM (989.4 TFLOP/s bf16 and fp16 tensor cores without sparsity, 66.9
 /// TFLOP/s fp32). 0 for other devices, the PCIe and NVL boards among them (lower clocks
 /// and power: other figures): the MFU is then not reported.
-double gpu_peak_gflops(const std::string& device_name, const std::string& precision) {
+double gpu_peak_gflops(const std::string& device_name, config::Precision precision) {
   const auto has = [&](const char* s) { return device_name.find(s) != std::string::npos; };
   const bool hopper_sxm = (has("H100") || has("H200")) && !has("PCIe") && !has("NVL");
   if (!hopper_sxm) return 0.0;
-  return precision == "fp32" ? 66.9e3 : 989.4e3;
+  return precision == config::Precision::fp32 ? 66.9e3 : 989.4e3;
 }
 
 std::string duration(double s) {
@@ -59,10 +59,18 @@ std::string duration(double s) {
 tensor::ExecContext make_context(runtime::Runtime& rt, const config::RunConfig& cfg,
                                  const runtime::Backends& backends) {
   tensor::ExecContext ctx;
-  ctx.host_gemm = cfg.kernels.host_gemm == "blas"      ? tensor::HostGemm::blas
-                  : cfg.kernels.host_gemm == "dstrain" ? tensor::HostGemm::own
-                                                       : tensor::HostGemm::automatic;
-  if (backends.kernels == "cuda") {
+  switch (cfg.kernels.host_gemm) {
+    case config::HostGemmSetting::blas:
+      ctx.host_gemm = tensor::HostGemm::blas;
+      break;
+    case config::HostGemmSetting::dstrain:
+      ctx.host_gemm = tensor::HostGemm::own;
+      break;
+    case config::HostGemmSetting::automatic:
+      ctx.host_gemm = tensor::HostGemm::automatic;
+      break;
+  }
+  if (backends.kernels == ComputeBackend::cuda) {
     ctx.backend = tensor::Backend::cuda;
     ctx.stream = rt.compute_stream();
   }
@@ -93,7 +101,7 @@ TrainingRun::TrainingRun(runtime::Runtime& rt, const config::RunConfig& config,
       layout_(layout),
       groups_(groups),
       root_(rt.rank() == 0),
-      on_gpu_(backends.kernels == "cuda") {
+      on_gpu_(backends.kernels == ComputeBackend::cuda) {
   const Faults faults(config.debug, rt.rank(), rt.size());
   // --- data: text files in memory, or HDF5 shards (from dstrain prep) read ahead
   data_ = TrainData::open(rt, config, layout, faults.read_delay_ms());
@@ -129,7 +137,7 @@ TrainingRun::TrainingRun(runtime::Runtime& rt, const config::RunConfig& config,
                    ? "; loss scale " + format_scale(trainer.loss_scaler().scale()) + " (" +
                          std::to_string(trainer.loss_scaler().clean_steps()) + " clean steps)"
                    : std::string()));
-  else if (config.checkpoint.resume == "auto")
+  else if (config.checkpoint.resume.kind == config::ResumeSetting::Kind::automatic)
     log::info("no checkpoint in " + checkpoints_->path() + ": starting at step 1");
   else if (const auto old = checkpoints_->committed(); root_ && !old.empty())
     log::warn("checkpoint.resume is none, but " + checkpoints_->path() + " holds " +
@@ -191,22 +199,24 @@ void TrainingRun::log_start() const {
             std::to_string(layout_.global_batch_size * cfg.data.seq_len) + " tokens per step");
   char peak_line[200];
   if (on_gpu_)
-    std::snprintf(
-        peak_line, sizeof peak_line,
-        peak_gflops_ > 0 ? "peak: %.1f TFLOP/s per rank (%s, dense %s, data sheet) x %d ranks"
-                         : "peak: %.0f (no data-sheet peak known for %s in %s: MFU not "
-                           "reported) x %d ranks",
-        peak_gflops_ / 1e3, rt_.device().name.c_str(), cfg.training.precision.c_str(), rt_.size());
+    std::snprintf(peak_line, sizeof peak_line,
+                  peak_gflops_ > 0
+                      ? "peak: %.1f TFLOP/s per rank (%s, dense %s, data sheet) x %d ranks"
+                      : "peak: %.0f (no data-sheet peak known for %s in %s: MFU not "
+                        "reported) x %d ranks",
+                  peak_gflops_ / 1e3, rt_.device().name.c_str(),
+                  to_string(cfg.training.precision).c_str(), rt_.size());
   else
     std::snprintf(peak_line, sizeof peak_line,
                   "peak: %.1f GFLOP/s per rank (single-thread SGEMM 2048^3, %s kernels) x %d ranks",
                   peak_gflops_, blas::host_blas().kernels.c_str(), rt_.size());
   log::info(peak_line);
   if (!on_gpu_)
-    log::info("host products: " + host_products_ + " (kernels.host_gemm " + cfg.kernels.host_gemm +
-              ")");
-  if (cfg.training.precision != "fp32")
-    log::info("precision: " + cfg.training.precision + " (fp32 master weights and moments; " +
+    log::info("host products: " + host_products_ + " (kernels.host_gemm " +
+              to_string(cfg.kernels.host_gemm) + ")");
+  if (cfg.training.precision != config::Precision::fp32)
+    log::info("precision: " + to_string(cfg.training.precision) +
+              " (fp32 master weights and moments; " +
               (on_gpu_ ? "values rounded to 16 bits in fp32 storage, products on tensor cores"
                        : "16-bit storage emulated on the host") +
               (trainer.loss_scaling()

@@ -317,6 +317,26 @@ TEST(DeckErrors, EnumValuesListAllowed) {
   EXPECT_TRUE(Contains(load_error("training:\n  precision:\n"), "got null"));
 }
 
+// Tensor and pipeline parallelism are not implemented (issue 31): more than one rank for
+// them would only train as a silent replica, so the deck refuses it, naming the key.
+TEST(DeckErrors, TensorAndPipelineParallelismAreNotSupportedYet) {
+  EXPECT_EQ(load_error("parallel:\n  tensor: 2\n"),
+            "deck.yaml:2:11: parallel.tensor: 2 is not supported yet: tensor parallelism is not "
+            "implemented (issue 31)");
+  EXPECT_EQ(load_error("run: {}\n", {"parallel.pipeline=4"}),
+            "--set parallel.pipeline=4: parallel.pipeline: 4 is not supported yet: pipeline "
+            "parallelism is not implemented (issue 31)");
+  try {
+    load("parallel: {tensor: 8, pipeline: 2}\n");
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_EQ(e.key(), "parallel.tensor");
+  }
+  const RunConfig ones = load("parallel: {tensor: 1, pipeline: 1}\n");
+  EXPECT_EQ(ones.parallel.tensor, 1);
+  EXPECT_EQ(ones.parallel.pipeline, 1);
+}
+
 TEST(DeckErrors, UnknownPresetListsPresets) {
   EXPECT_EQ(load_error("model:\n  preset: huge\n"),
             "deck.yaml:2:11: model.preset: unknown preset 'huge' (presets: tiny, small, "
@@ -431,7 +451,7 @@ TEST(DeckOverrides, ValidOverridesWin) {
 TEST(DeckOverrides, CreatesMissingSections) {
   const RunConfig c = load("run: {}\n", {"training.optimizer.lr=0.01", "debug.nan_policy=skip"});
   EXPECT_EQ(c.training.optimizer.lr, 0.01);
-  EXPECT_EQ(c.debug.nan_policy, "skip");
+  EXPECT_EQ(c.debug.nan_policy, dst::config::NanPolicy::skip);
   EXPECT_EQ(load("training:\n", {"training.max_steps=50"}).training.max_steps, 50);
 }
 
@@ -577,25 +597,25 @@ TEST(DeckLayout, DataParallelOnOneTwoFourEightRanks) {
   EXPECT_TRUE(Contains(e, "world size 16"));
 }
 
-TEST(DeckLayout, TensorParallel) {
+TEST(DeckLayout, EveryRankIsADataRank) {
   const RunConfig c =
-      load("parallel: {tensor: 2}\ntraining: {global_batch_size: 16, micro_batch_size: 4}\n");
-  using dst::config::resolve_layout;
-  EXPECT_EQ(resolve_layout(c, 2), layout_of(2, 1, 2, 1, 4, 16));
-  EXPECT_EQ(resolve_layout(c, 4), layout_of(4, 2, 2, 1, 2, 16));
-  EXPECT_EQ(resolve_layout(c, 8), layout_of(8, 4, 2, 1, 1, 16));
-  EXPECT_TRUE(Contains(layout_error(c, 1),
-                       "parallel.tensor (2) x parallel.pipeline (1) = 2 does "
-                       "not divide the world size (1)"));
-  EXPECT_TRUE(Contains(layout_error(c, 3), "does not divide the world size (3)"));
-  const RunConfig fixed = load(
-      "parallel: {tensor: 2, data: 2}\n"
-      "training: {global_batch_size: 16, micro_batch_size: 4}\n");
-  EXPECT_EQ(resolve_layout(fixed, 4), layout_of(4, 2, 2, 1, 2, 16));
-  const std::string e = layout_error(fixed, 8);
-  EXPECT_TRUE(Contains(e,
-                       "parallel.data: parallel.data (2) must be world size / "
-                       "(parallel.tensor x parallel.pipeline) = 8 / 2 = 4"));
+      load("parallel: {data: 2}\ntraining: {global_batch_size: 16, micro_batch_size: 4}\n");
+  EXPECT_EQ(dst::config::resolve_layout(c, 2), layout_of(2, 2, 1, 1, 2, 16));
+  EXPECT_TRUE(Contains(layout_error(c, 4),
+                       "world size 4: parallel.data: parallel.data (2) must be the world size (4) "
+                       "or auto"));
+}
+
+TEST(DeckLayout, RefusesTensorParallelismBuiltInCode) {
+  // resolve_layout validates first: a config built in code cannot slip a split through.
+  RunConfig c;
+  c.parallel.tensor = 2;
+  try {
+    dst::config::resolve_layout(c, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_EQ(e.key(), "parallel.tensor");
+  }
 }
 
 TEST(DeckLayout, AccumulationGivenInsteadOfGlobalBatch) {
@@ -611,7 +631,8 @@ TEST(DeckLayout, AccumulationGivenInsteadOfGlobalBatch) {
 // ---------------------------------------------------------------------------------------
 
 // One override per schema key, every value different from its default and from the
-// `small` preset (and valid with any one left out).
+// `small` preset (and valid with any one left out), but for the keys with one legal value:
+// training.optimizer.type, parallel.tensor and parallel.pipeline.
 const std::vector<std::string> kEveryKeyChanged = {
     "run.name='my run: \"x\" #1'",
     "run.seed=18446744073709551615",
@@ -654,8 +675,8 @@ const std::vector<std::string> kEveryKeyChanged = {
     "training.schedule.world_size_scaling=sqrt",
     "training.schedule.reference_world_size=8",
     "parallel.data=2",
-    "parallel.tensor=2",
-    "parallel.pipeline=3",
+    "parallel.tensor=1",  // the only value until tensor parallelism exists (issue 31)
+    "parallel.pipeline=1",
     "parallel.backend=nccl",
     "parallel.bucket_mb=12.5",
     "parallel.timeout_s=30",
@@ -722,7 +743,10 @@ TEST(DeckYaml, EqualityCoversEveryKey) {
     const std::string left_out = rest[i];
     rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
     SCOPED_TRACE(left_out);
-    if (left_out.rfind("training.optimizer.type", 0) == 0) continue;  // adamw is the only one
+    // adamw is the only optimizer; 1 the only tensor and pipeline size (issue 31).
+    if (left_out.rfind("training.optimizer.type", 0) == 0 ||
+        left_out.rfind("parallel.tensor", 0) == 0 || left_out.rfind("parallel.pipeline", 0) == 0)
+      continue;
     if (left_out.rfind("training.grad_accum_steps", 0) == 0 ||
         left_out.rfind("training.global_batch_size", 0) == 0) {
       EXPECT_THROW(load("run: {}\n", rest), DeckError);

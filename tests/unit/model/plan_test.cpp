@@ -85,7 +85,7 @@ TEST(Plan, FlopsPerTokenIsSixNPlusAttention) {
   EXPECT_DOUBLE_EQ(dst::model::training_flops_per_token(tied, 4096), f);
 }
 
-TEST(Plan, MemoryScalesWithPrecisionAndLayout) {
+TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
   dst::config::RunConfig c;
   c.model = deepseek_llm_7b();
   c.data.seq_len = 4096;
@@ -97,17 +97,25 @@ TEST(Plan, MemoryScalesWithPrecisionAndLayout) {
   EXPECT_EQ(p32.memory.optimizer, 8ull * 6910365696);
   EXPECT_EQ(p32.comm_bytes_per_step, 0.0);  // one rank: nothing to all-reduce
 
-  c.training.precision = "bf16";
+  c.training.precision = dst::config::Precision::bf16;
   const auto p16 = dst::model::make_plan(c, one);
   EXPECT_EQ(p16.memory.parameters, 6ull * 6910365696);  // fp32 master + bf16 copy
 
-  dst::config::Layout tp2 = one;
-  tp2.world_size = 4;
-  tp2.tensor = 2;
-  tp2.data = 2;
-  const auto split = dst::model::make_plan(c, tp2);
-  EXPECT_EQ(split.memory.gradients, p16.memory.gradients / 2);
-  EXPECT_GT(split.comm_bytes_per_step, 0.0);
+  // Data-parallel ranks each hold the whole model; only the all-reduce appears.
+  dst::config::Layout dp2 = one;
+  dp2.world_size = 2;
+  dp2.data = 2;
+  const auto replicas = dst::model::make_plan(c, dp2);
+  EXPECT_EQ(replicas.memory.gradients, p16.memory.gradients);
+  EXPECT_EQ(replicas.memory.parameters, p16.memory.parameters);
+  EXPECT_GT(replicas.comm_bytes_per_step, 0.0);
+  // Nor does a tensor or pipeline split shrink the plan: neither is implemented (the deck
+  // refuses them, issue 31), so a layout claiming one must not promise less memory.
+  dst::config::Layout claimed = one;
+  claimed.world_size = 4;
+  claimed.tensor = 2;
+  claimed.pipeline = 2;
+  EXPECT_EQ(dst::model::make_plan(c, claimed).memory.total(), p16.memory.total());
 }
 
 TEST(Plan, Formatting) {

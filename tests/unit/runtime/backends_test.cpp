@@ -27,8 +27,8 @@ DeviceInfo gpu() {
 
 config::RunConfig deck(const std::string& kernels, const std::string& comm) {
   config::RunConfig c;
-  c.kernels.backend = kernels;
-  c.parallel.backend = comm;
+  c.kernels.backend = parse_enum<config::KernelsBackend>(kernels).value();
+  c.parallel.backend = parse_enum<config::ParallelBackend>(comm).value();
   return c;
 }
 
@@ -46,13 +46,13 @@ std::string deck_error_key(F f, std::string* message = nullptr) {
 
 TEST(Backends, AutoOnTheHostIsKokkosAndSharedMemoryOnOneNode) {
   const Backends b = resolve_backends(deck("auto", "auto"), host(), 2, 1);
-  EXPECT_EQ(b.kernels, "kokkos");
-  EXPECT_EQ(b.comm, "shm");
+  EXPECT_EQ(to_string(b.kernels), "kokkos");
+  EXPECT_EQ(to_string(b.comm), "shm");
   // Alone there is nothing to sum; across nodes there is no shared memory.
-  EXPECT_EQ(resolve_backends(deck("auto", "auto"), host(), 1, 1).comm, "mpi");
-  EXPECT_EQ(resolve_backends(deck("auto", "auto"), host(), 4, 2).comm, "mpi");
-  EXPECT_EQ(resolve_backends(deck("auto", "mpi"), host(), 2, 1).comm, "mpi");
-  EXPECT_EQ(resolve_backends(deck("auto", "shm"), host(), 1, 1).comm, "shm");
+  EXPECT_EQ(to_string(resolve_backends(deck("auto", "auto"), host(), 1, 1).comm), "mpi");
+  EXPECT_EQ(to_string(resolve_backends(deck("auto", "auto"), host(), 4, 2).comm), "mpi");
+  EXPECT_EQ(to_string(resolve_backends(deck("auto", "mpi"), host(), 2, 1).comm), "mpi");
+  EXPECT_EQ(to_string(resolve_backends(deck("auto", "shm"), host(), 1, 1).comm), "shm");
 }
 
 TEST(Backends, SharedMemoryNeedsHostKernelsAndOneNode) {
@@ -67,27 +67,27 @@ TEST(Backends, SharedMemoryNeedsHostKernelsAndOneNode) {
 
 TEST(Backends, AutoOnAGpuIsCudaAndNcclWhereBuilt) {
   const Backends b = resolve_backends(deck("auto", "auto"), gpu(), 2);
-  EXPECT_EQ(b.kernels, "cuda");
-  EXPECT_EQ(b.comm, core::built_with_nccl() ? "nccl" : "mpi");
+  EXPECT_EQ(to_string(b.kernels), "cuda");
+  EXPECT_EQ(to_string(b.comm), core::built_with_nccl() ? "nccl" : "mpi");
 }
 
 TEST(Backends, AutoAloneOnAGpuKeepsMpi) {
   // One rank in the data group: nothing to sum, so no NCCL communicator to set up; an
   // explicit 'nccl' is still honoured.
   const Backends b = resolve_backends(deck("auto", "auto"), gpu(), 1);
-  EXPECT_EQ(b.kernels, "cuda");
-  EXPECT_EQ(b.comm, "mpi");
+  EXPECT_EQ(to_string(b.kernels), "cuda");
+  EXPECT_EQ(to_string(b.comm), "mpi");
   if (core::built_with_nccl()) {
-    EXPECT_EQ(resolve_backends(deck("auto", "nccl"), gpu(), 1).comm, "nccl");
+    EXPECT_EQ(to_string(resolve_backends(deck("auto", "nccl"), gpu(), 1).comm), "nccl");
   }
 }
 
 TEST(Backends, KokkosOnAGpuKeepsTheGradientsOnTheHost) {
   // The CPU half of the GPU parity check: host kernels on a GPU machine sum host memory.
   const Backends b = resolve_backends(deck("kokkos", "auto"), gpu(), 2);
-  EXPECT_EQ(b.kernels, "kokkos");
-  EXPECT_EQ(b.comm, "shm");
-  EXPECT_EQ(resolve_backends(deck("kokkos", "auto"), gpu(), 2, 3).comm, "mpi");
+  EXPECT_EQ(to_string(b.kernels), "kokkos");
+  EXPECT_EQ(to_string(b.comm), "shm");
+  EXPECT_EQ(to_string(resolve_backends(deck("kokkos", "auto"), gpu(), 2, 3).comm), "mpi");
 }
 
 TEST(Backends, CudaWithoutADeviceIsADeckError) {
@@ -109,7 +109,7 @@ TEST(Backends, CudaOnACudaBuildWithoutAGpuSaysWhy) {
   if (core::built_with_cuda()) {
     EXPECT_NE(msg.find("no CUDA-capable device is detected"), std::string::npos) << msg;
   }
-  EXPECT_EQ(resolve_backends(deck("auto", "auto"), bare, 1).kernels, "kokkos");
+  EXPECT_EQ(to_string(resolve_backends(deck("auto", "auto"), bare, 1).kernels), "kokkos");
 }
 
 TEST(Backends, NcclNeedsAnNcclBuildAndTheModelOnTheGpu) {
@@ -120,12 +120,12 @@ TEST(Backends, NcclNeedsAnNcclBuildAndTheModelOnTheGpu) {
             std::string::npos)
       << msg;
   if (core::built_with_nccl()) {
-    EXPECT_EQ(resolve_backends(deck("cuda", "nccl"), gpu(), 2).comm, "nccl");
+    EXPECT_EQ(to_string(resolve_backends(deck("cuda", "nccl"), gpu(), 2).comm), "nccl");
   } else {
     EXPECT_EQ(deck_error_key([] { resolve_backends(deck("cuda", "nccl"), gpu(), 2); }),
               "parallel.backend");
   }
-  EXPECT_EQ(resolve_backends(deck("auto", "mpi"), gpu(), 2).comm, "mpi");
+  EXPECT_EQ(to_string(resolve_backends(deck("auto", "mpi"), gpu(), 2).comm), "mpi");
 }
 
 }  // namespace

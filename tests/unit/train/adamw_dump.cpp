@@ -65,7 +65,7 @@ void run_case(const Case& c, const std::filesystem::path& dir) {
   training.optimizer.betas = {c.beta1, c.beta2};
   training.optimizer.eps = c.eps;
   training.optimizer.weight_decay = c.weight_decay;
-  training.schedule.type = "cosine";
+  training.schedule.type = dst::config::ScheduleType::cosine;
   training.schedule.warmup_steps = 2;
   dst::train::AdamW adamw(training.optimizer, store);
   const dst::tensor::ExecContext ctx{dst::tensor::Backend::kokkos, nullptr};

@@ -267,10 +267,6 @@ TEST(AdamWOptimizer, RejectsMismatchedStoresAndPlansWithoutMemory) {
   EXPECT_EQ(planned.bytes(), 2 * plan.buffer_elements() * sizeof(float));
   EXPECT_EQ(planned.state().m, nullptr);
   EXPECT_THROW(planned.step(ctx(), plan, 1e-3), Error);
-
-  auto sgd = optimizer_section();
-  sgd.type = "sgd";
-  EXPECT_THROW(AdamW(sgd, store), Error);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ config::TrainingSection section(const std::string& type, std::int64_t warmup,
   config::TrainingSection t;
   t.max_steps = max_steps;
   t.optimizer.lr = 3e-4;
-  t.schedule.type = type;
+  t.schedule.type = parse_enum<config::ScheduleType>(type).value();
   t.schedule.warmup_steps = warmup;
   t.schedule.min_lr_ratio = 0.1;
   return t;
@@ -134,12 +134,12 @@ TEST(Schedule, WorldSizeScalesThePeakAndEverythingDerivedFromIt) {
   auto t = section("cosine", 20, 200);
   t.schedule.reference_world_size = 2;
   EXPECT_EQ(peak_learning_rate(t, 8), 3e-4);  // none
-  t.schedule.world_size_scaling = "linear";
+  t.schedule.world_size_scaling = config::WorldSizeScaling::linear;
   EXPECT_NEAR(peak_learning_rate(t, 8), 4 * 3e-4, kTol);
   EXPECT_NEAR(peak_learning_rate(t, 1), 0.5 * 3e-4, kTol);
   EXPECT_NEAR(learning_rate(t, 19, 8), 4 * 3e-4, kTol);
   EXPECT_NEAR(learning_rate(t, 200, 8), 4 * 3e-5, kTol);  // the floor scales too
-  t.schedule.world_size_scaling = "sqrt";
+  t.schedule.world_size_scaling = config::WorldSizeScaling::sqrt;
   EXPECT_NEAR(peak_learning_rate(t, 8), 2 * 3e-4, kTol);
   EXPECT_NEAR(learning_rate(t, 0, 8), 2 * 3e-4 / 20, kTol);
 }
@@ -156,13 +156,7 @@ TEST(Schedule, RejectsInvalidInput) {
   const auto t = section("cosine", 20, 200);
   expect_error([&] { learning_rate(t, -1, 1); }, "step is 0-based");
   expect_error([&] { learning_rate(t, 0, 0); }, "world_size must be >= 1, got 0");
-  auto bad = t;
-  bad.schedule.type = "cosin";
-  expect_error([&] { learning_rate(bad, 0, 1); }, "unknown training.schedule.type 'cosin'");
-  bad = t;
-  bad.schedule.world_size_scaling = "quadratic";
-  expect_error([&] { learning_rate(bad, 0, 1); }, "world_size_scaling 'quadratic'");
-  bad = section("multistep", 0, 100);
+  auto bad = section("multistep", 0, 100);
   bad.schedule.factors = {0.5};
   expect_error([&] { learning_rate(bad, 0, 1); }, "milestones has 2 entries but factors has 1");
 }
