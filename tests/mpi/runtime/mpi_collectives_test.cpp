@@ -69,7 +69,9 @@ TEST(MpiCollectives, AllreduceGatherAndAllgatherGiveEveryRanksValues) {
   for (int q = 0, at = 0; q < n; at += q + 1, ++q)
     for (int k = 0; k <= q; ++k) {
       EXPECT_EQ(everyone[at + k], static_cast<std::uint64_t>(q));
-      if (r == 0) EXPECT_EQ(gathered[at + k], static_cast<std::uint64_t>(q));
+      if (r == 0) {
+        EXPECT_EQ(gathered[at + k], static_cast<std::uint64_t>(q));
+      }
     }
 }
 
