@@ -24,7 +24,7 @@ namespace dst::train {
 
 namespace {
 
-// The buffers of a shared-memory data group (make_shared_buffers).
+// The buffers of a shared-memory data group (Options::grad_comm shm, made by the constructor).
 constexpr std::size_t kGradBuffer = 0;
 constexpr std::size_t kParamBuffer = 1;
 using Clock = std::chrono::steady_clock;
