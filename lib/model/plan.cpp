@@ -68,13 +68,15 @@ const std::vector<HostRates>& rate_table() {
        "(comm_allreduce_benchmark)",
        118.0, 118.0, 2, 1.5, 0.0, 0.0},
       {"h100",
-       "data sheet: H100 SXM5 80 GB, dense FP32 67 / BF16 989 TFLOP/s; NVLink 4 450 GB/s "
-       "per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across nodes",
-       67000.0, 989000.0, 8, 450.0, 50.0, 80.0},
+       "data sheet: H100 SXM5 80 GB (79.6 GiB usable), dense FP32 67 / BF16 989 TFLOP/s; "
+       "NVLink 4 450 GB/s per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across "
+       "nodes",
+       67000.0, 989000.0, 8, 450.0, 50.0, 79.6},
       {"h200",
-       "data sheet: H200 SXM 141 GB, dense FP32 67 / BF16 989 TFLOP/s; NVLink 4 450 GB/s "
-       "per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across nodes",
-       67000.0, 989000.0, 8, 450.0, 50.0, 141.0},
+       "data sheet: H200 SXM 141 GB (140.4 GiB usable), dense FP32 67 / BF16 989 TFLOP/s; "
+       "NVLink 4 450 GB/s per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across "
+       "nodes",
+       67000.0, 989000.0, 8, 450.0, 50.0, 140.4},
   };
   return table;
 }
