@@ -44,15 +44,39 @@ void Block::bind(const ParamStore& params) {
   mlp_.bind(params);
 }
 
-BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const {
+void Block::take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                       bool keep_probs, BlockActs& a) const {
   const std::int64_t N = B * T;
-  BlockActs a;
-  a.x = arena.take("x", {N, C_}, DType::f32);
   a.norm1 = norm1_.take(arena, N, "ln1", "rstd1");
-  a.attn = attn_.take(arena, B, T, fused);
+  a.attn = attn_.take(arena, B, T, fused, keep_probs);
   a.mid = arena.take("mid", {N, C_}, DType::f32);
   a.norm2 = norm2_.take(arena, N, "ln2", "rstd2");
   a.mlp = mlp_.take(arena, N);
+}
+
+BlockActs Block::take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                             config::Recompute recompute) const {
+  BlockActs a;
+  a.recompute = recompute;
+  if (recompute == config::Recompute::full)
+    take_inner(arena, B, T, fused, true, a);
+  else if (recompute == config::Recompute::selective && !fused)
+    a.attn.probs = attn_.take_probs(arena, B, T);
+  return a;
+}
+
+BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                      config::Recompute recompute, const BlockActs& shared) const {
+  const std::int64_t N = B * T;
+  BlockActs a;
+  if (recompute == config::Recompute::full) a = shared;
+  a.x = arena.take("x", {N, C_}, DType::f32);
+  if (recompute != config::Recompute::full) {
+    const bool selective = recompute == config::Recompute::selective;
+    take_inner(arena, B, T, fused, !selective, a);
+    if (selective) a.attn.probs = shared.attn.probs;
+  }
+  a.recompute = recompute;
   return a;
 }
 
@@ -82,6 +106,12 @@ void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int
 void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                      const BlockActs& a, const BlockScratch& s, const tensor::Tensor& d_x,
                      const OnReady& ready) const {
+  // Recompute what the forward did not keep: the same operations on the same inputs and
+  // weights, so the same bits as a record that kept them.
+  if (a.recompute == config::Recompute::full)
+    forward(c, rope, B, T, a, s.d_ln);
+  else if (a.recompute == config::Recompute::selective)
+    attn_.recompute_probs(c, B, T, a.attn);
   // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
   mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
   norm2_.backward(c, s.d_ln, a.mid, a.norm2, d_x);
