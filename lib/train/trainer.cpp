@@ -228,6 +228,11 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = step_;
   const auto t_step = Clock::now();
+  if (optimizer_->sharded()) {
+    // ZeRO: the moments gathered whole for the last checkpoint are no longer viewed.
+    std::vector<float>().swap(host_m_);
+    std::vector<float>().swap(host_v_);
+  }
   const std::int64_t micro = cfg_.training.micro_batch_size;
   const std::int64_t T = cfg_.data.seq_len;
   const std::size_t sample_len = static_cast<std::size_t>(T + 1);
@@ -550,6 +555,8 @@ void Trainer::restore(ckpt::Reader& reader) {
               host_m_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.m);
     std::copy(host_v_.begin() + static_cast<std::ptrdiff_t>(st.first),
               host_v_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.v);
+    std::vector<float>().swap(host_m_);
+    std::vector<float>().swap(host_v_);
   } else if (tensor::device_of(ctx_) != tensor::Device::host) {
     const auto& ps = model_->params();
     const std::size_t bytes = ps.buffer_elements() * sizeof(float);

@@ -134,7 +134,7 @@ class Trainer {
   /// On a device they view a host copy, taken by this call (restore() copies it back).
   /// Where the ranks share the update, or under ZeRO, this first gathers the moments of
   /// the other ranks' parts (collective over the data group, every rank calls it; under
-  /// ZeRO into host buffers of the whole size, held until the next call).
+  /// ZeRO into host buffers of the whole size, held until the next step).
   std::vector<ckpt::TensorRef> checkpoint_tensors() const;
   /// The scalars of the state (step, sampler position, samples seen, optimizer and
   /// skipped steps, seed, layout); the caller adds the deck and version texts.
@@ -207,7 +207,8 @@ class Trainer {
   bool loss_scaling_ = false;      ///< training.precision fp16
   LossScaler scaler_;
   /// Device runs: host copies of parameters and moments (flat layout) for checkpoints;
-  /// ZeRO: the moments gathered whole for a checkpoint (and read whole on a restore).
+  /// ZeRO: the moments gathered whole for a checkpoint (freed by the next step) and read
+  /// whole on a restore (freed at its end): 8 bytes per parameter for that while.
   mutable std::vector<float> host_params_, host_m_, host_v_;
 };
 
