@@ -129,14 +129,21 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   if (zero_stage_ == 2 && !shared_) {
     // Stage 2 over MPI: gradient memory of pages nobody has touched (an allocation of the
     // store's own is zero-filled by writing it, which would make it all resident): pages
-    // take memory only when backward writes them, and GradBuckets returns them.
+    // take memory only when backward writes them, and GradBuckets returns them. Huge
+    // pages where the system gives them (transparent huge pages on madvise): a fault per
+    // 2 MiB instead of per 4 KiB when backward writes them again each step.
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
     const std::size_t bytes =
         model::flat_buffer_elements(model::dense_parameter_layout(config.model)) * sizeof(float);
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const std::size_t mapped = bytes + kHuge;
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
-      throw Error("trainer: cannot map " + std::to_string(bytes) +
+      throw Error("trainer: cannot map " + std::to_string(mapped) +
                   " bytes of gradient memory (parallel.zero_stage 2)");
-    grad_pages_ = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+    auto* aligned =
+        reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(p) + kHuge - 1) / kHuge * kHuge);
+    (void)::madvise(aligned, bytes, MADV_HUGEPAGE);  // advice: without it, 4 KiB pages
+    grad_pages_ = std::shared_ptr<void>(aligned, [p, mapped](void*) { ::munmap(p, mapped); });
   }
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,

@@ -85,7 +85,7 @@ def main():
             "fields": [(s["step"], s["loss"], s["grad_norm"]) for s in steps],
             # Before the first checkpoint, which gathers the moments whole for a while
             # (docs/performance.md, "ZeRO"): the high-water mark keeps that.
-            "peak": max(s["peak_mem_bytes"] for s in steps if s["step"] <= EVERY),
+            "peak": max((s["peak_mem_bytes"] for s in steps if s["step"] <= EVERY), default=0),
             "final": read_h5(os.path.join(out, "final-params.h5"), ("params/",)),
             "ckpt": read_h5(os.path.join(out, "checkpoints", f"step-{STEPS}.h5"),
                             ("params/", "optimizer/")),
