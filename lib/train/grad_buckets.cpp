@@ -203,7 +203,17 @@ void GradBuckets::completed_bucket(std::size_t i) {
 }
 
 void GradBuckets::clear() {
-  release_pages(grads_, begins_.empty() ? 0 : ends_.front(), true);
+  const std::size_t n = begins_.empty() ? 0 : ends_.front();
+  if (!shards_) {
+    release_pages(grads_, n, true);
+    return;
+  }
+  // The shard's pages are resident at every step's peak anyway: zeroed in place, not
+  // faulted in again; the rest returned.
+  const std::size_t first = shards_->first(comm_.rank()), last = shards_->last(comm_.rank());
+  release_pages(grads_, first, true);
+  std::fill(grads_ + first, grads_ + last, 0.0f);
+  release_pages(grads_ + last, n - last, true);
 }
 
 void GradBuckets::ready(std::size_t offset) {

@@ -76,7 +76,9 @@ class GradBuckets {
   /// Zeroes the whole gradient buffer (host memory) by returning its whole pages to the
   /// system (they read back as zeros and take memory again only when written) and
   /// writing zeros into the partial pages at its ends: ZeRO stage 2's zeroing, which
-  /// leaves the buffer without resident pages until backward writes them.
+  /// leaves the buffer without resident pages until backward writes them. With ZeRO
+  /// shards, this rank's shard is zeroed by writing (it is resident at every step's peak,
+  /// and a page fault per page costs more than the write).
   void clear();
   /// [begin, end) of bucket i (i = 0 is the last range of the buffer).
   std::size_t bucket_begin(std::size_t i) const { return begins_.at(i); }
