@@ -8,6 +8,19 @@
 
 namespace dst::comm {
 
+Request Communicator::ireduce_scatter_blocks(void*, const std::vector<std::size_t>&, DType,
+                                             ReduceOp) {
+  throw Error("comm: group '" + name() +
+              "': this back end has no reduce-scatter of unequal blocks (parallel.zero_stage > 0 "
+              "needs the mpi or shm back end)");
+}
+
+Request Communicator::iallgather_blocks(void*, const std::vector<std::size_t>&, DType) {
+  throw Error("comm: group '" + name() +
+              "': this back end has no all-gather of unequal blocks (parallel.zero_stage > 0 "
+              "needs the mpi or shm back end)");
+}
+
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     // The collective held so far must be settled before it is forgotten, exactly as if

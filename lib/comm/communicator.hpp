@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.hpp"
 
@@ -117,6 +118,22 @@ class Communicator {
   /// `buf` of `root` is copied to every rank.
   virtual Request ibroadcast(void* buf, std::size_t count, DType type, int root) = 0;
   virtual Request ibarrier() = 0;
+
+  /// Reduce-scatter in place with blocks of unequal sizes (ZeRO's shards of one gradient
+  /// bucket): `buf` holds every rank's block in rank order, counts[r] elements for rank r
+  /// (the same counts on every rank; zeros allowed). When the request completes, this
+  /// rank's block of `buf` (at its own place) holds the op-reduction of that block over
+  /// all ranks; the rest of `buf` is undefined (the back end may have used it). The
+  /// summation order is the back end's: for Open MPI 4.1 that of its in-place
+  /// iallreduce, so the bits of iallreduce (docs/performance.md, "ZeRO").
+  /// The base class throws dst::Error naming the group: a back end without it (NCCL)
+  /// cannot run ZeRO, which the trainer refuses before it gets here.
+  virtual Request ireduce_scatter_blocks(void* buf, const std::vector<std::size_t>& counts,
+                                         DType type, ReduceOp op);
+  /// All-gather in place with blocks of unequal sizes: this rank's block of `buf` (rank
+  /// order, counts[r] elements for rank r) is final; when the request completes every
+  /// rank's block is, on every rank. Throws dst::Error in the base class (as above).
+  virtual Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type);
 
   void allreduce(void* buf, std::size_t count, DType type, ReduceOp op) {
     iallreduce(buf, count, type, op).wait();

@@ -1,9 +1,12 @@
 #include "comm/mpi_communicator.hpp"
 
 #include <climits>
+#include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/op_info.hpp"
 #include "core/error.hpp"
@@ -67,6 +70,10 @@ class MpiRequest final : public Request::Impl {
         seq_(core::FlightRecorder::instance().begin(describe())) {}
 
   MPI_Request* handle() { return &request_; }
+  /// Count and displacement arrays that must outlive the non-blocking call (MPI-3).
+  std::vector<int> counts, displs;
+  /// Runs once, when the collective has completed (before test() or wait() returns).
+  std::function<void()> on_complete;
 
   bool test() override {
     const bool done = runtime::test_request(request_);
@@ -90,8 +97,10 @@ class MpiRequest final : public Request::Impl {
   bool recorded_done_ = false;
 
   void finished() {
-    if (!recorded_done_) core::FlightRecorder::instance().end(seq_);
+    if (recorded_done_) return;
     recorded_done_ = true;
+    core::FlightRecorder::instance().end(seq_);
+    if (on_complete) on_complete();
   }
 };
 
@@ -187,6 +196,66 @@ Request MpiCommunicator::iallgather(const void* send, void* recv, std::size_t se
     const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
     const int n = detail::mpi_count(send_count, r);
     DST_MPI_CHECK(MPI_Iallgather(send, n, dt, recv, n, dt, comm_, r.handle()));
+  });
+}
+
+namespace {
+/// MPI's int counts and displacements of blocks in rank order; throws (naming the
+/// collective) when their number is not the group's size or a count or the total
+/// exceeds MPI's int.
+void block_layout(detail::MpiRequest& r, const std::vector<std::size_t>& counts, int size) {
+  if (counts.size() != static_cast<std::size_t>(size))
+    throw Error(r.describe() + ": " + std::to_string(counts.size()) + " block counts for " +
+                std::to_string(size) + " ranks");
+  std::size_t at = 0;
+  for (const std::size_t c : counts) {
+    r.counts.push_back(detail::mpi_count(c, r));
+    r.displs.push_back(detail::mpi_count(at, r));
+    at += c;
+  }
+  detail::mpi_count(at, r);
+}
+
+std::size_t total_of(const std::vector<std::size_t>& counts) {
+  std::size_t n = 0;
+  for (const std::size_t c : counts)
+    n += c;
+  return n;
+}
+}  // namespace
+
+Request MpiCommunicator::ireduce_scatter_blocks(void* buf, const std::vector<std::size_t>& counts,
+                                                DType type, ReduceOp op) {
+  const std::size_t mine = counts.size() > static_cast<std::size_t>(rank_) ? counts[rank_] : 0;
+  OpInfo info{OpKind::reduce_scatter_blocks, op, total_of(counts), type, static_cast<int>(mine)};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, true, r.describe());
+    block_layout(r, counts, size_);
+    // In place, MPI reads every block from buf and leaves this rank's reduced block at
+    // buf's start: moved to its own place once complete (memmove: they may overlap).
+    const std::size_t bytes = mine * dtype_size(type);
+    const std::size_t at = static_cast<std::size_t>(r.displs[rank_]) * dtype_size(type);
+    if (at > 0 && bytes > 0)
+      r.on_complete = [buf, at, bytes] {
+        std::memmove(static_cast<unsigned char*>(buf) + at, buf, bytes);
+      };
+    DST_MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, r.counts.data(), dt, detail::mpi_op(op),
+                                      comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::iallgather_blocks(void* buf, const std::vector<std::size_t>& counts,
+                                           DType type) {
+  const std::size_t mine = counts.size() > static_cast<std::size_t>(rank_) ? counts[rank_] : 0;
+  OpInfo info{OpKind::allgather_blocks, ReduceOp::sum, total_of(counts), type,
+              static_cast<int>(mine)};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    block_layout(r, counts, size_);
+    DST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, r.counts.data(),
+                                  r.displs.data(), dt, comm_, r.handle()));
   });
 }
 

@@ -50,6 +50,12 @@ class MpiCommunicator final : public Communicator {
   Request iallgather(const void* send, void* recv, std::size_t send_count, DType type) override;
   Request ibroadcast(void* buf, std::size_t count, DType type, int root) override;
   Request ibarrier() override;
+  /// MPI_Ireduce_scatter in place; the result, which MPI leaves at the start of `buf`, is
+  /// moved to this rank's block when the request completes (in test() or wait()).
+  Request ireduce_scatter_blocks(void* buf, const std::vector<std::size_t>& counts, DType type,
+                                 ReduceOp op) override;
+  /// MPI_Iallgatherv in place.
+  Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type) override;
 
   /// The private duplicate, for libraries that take an MPI_Comm (parallel HDF5). Owned by
   /// this object: do not free it; collectives on it must not overlap ours.

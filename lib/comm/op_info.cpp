@@ -38,6 +38,16 @@ std::string describe_op(const char* backend, const OpInfo& info, const std::stri
       elements(info.count);
       os << " per rank";
       break;
+    case OpKind::reduce_scatter_blocks:
+      os << "reduce_scatter(" << reduce_op_name(info.op) << ") of ";
+      elements(info.count);
+      os << " in blocks of unequal sizes, " << info.root << " to this rank,";
+      break;
+    case OpKind::allgather_blocks:
+      os << "allgather of ";
+      elements(info.count);
+      os << " in blocks of unequal sizes, " << info.root << " from this rank,";
+      break;
     case OpKind::broadcast:
       os << "broadcast from rank " << info.root << " of ";
       elements(info.count);

@@ -15,7 +15,15 @@ namespace dst::comm {
 /// Short name of a reduction: "sum", "max", "min".
 const char* reduce_op_name(ReduceOp op);
 
-enum class OpKind { allreduce, reduce_scatter, allgather, broadcast, barrier };
+enum class OpKind {
+  allreduce,
+  reduce_scatter,
+  allgather,
+  broadcast,
+  barrier,
+  reduce_scatter_blocks,  ///< count = every block together; root = this rank's block
+  allgather_blocks,       ///< likewise
+};
 
 struct OpInfo {
   OpKind kind = OpKind::barrier;

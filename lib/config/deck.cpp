@@ -329,6 +329,14 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
         s(c.parallel.pipeline) +
             " is not supported yet: pipeline parallelism is not implemented (issue 31)");
 
+  // ZeRO's shard collectives exist for host memory (MPI, shm) only; a GPU run that
+  // resolves auto to NCCL is refused by the trainer, which knows the back end.
+  if (c.parallel.zero_stage > 0 && c.parallel.backend == ParallelBackend::nccl)
+    fail_combination(given, fallback, {"parallel.zero_stage", "parallel.backend"},
+                     "parallel.zero_stage " + s(c.parallel.zero_stage) +
+                         " is not supported with parallel.backend nccl yet (ZeRO's reduce-scatter "
+                         "onto shards exists for the mpi and shm back ends)");
+
   const TrainingSection& t = c.training;
   if (t.global_batch_size > 0 && t.grad_accum_steps > 0)
     fail_combination(given, fallback, {"training.grad_accum_steps", "training.global_batch_size"},

@@ -150,6 +150,11 @@ struct ParallelSection {
   /// makes no asynchronous progress): about half the exposed communication of the
   /// all-after-backward order on the measured CPU runs (docs/performance.md).
   bool overlap = true;
+  /// ZeRO stage of the data group (docs/performance.md, "ZeRO"): 0 = every rank holds the
+  /// whole optimizer state; 1 = each rank holds the AdamW moments of its shard of the flat
+  /// buffer only, the gradients reduce-scattered and the parameters all-gathered; 2 = also
+  /// the gradients outside the shard released as soon as their bucket is reduced.
+  std::int64_t zero_stage = 0;
   double timeout_s = 600.0;       ///< deadline of every collective
   double init_timeout_s = 300.0;  ///< deadline of each start-up step
 };

@@ -293,6 +293,17 @@ void visit_parallel(V& v, S&... s) {
                "final, polled by a progress thread where MPI allows it (MPI_THREAD_MULTIPLE; "
                "else between layers); false = all after backward (docs/performance.md)."),
           s.overlap...);
+  v.field("parallel.zero_stage",
+          Spec("ZeRO stage (docs/performance.md, \"ZeRO\"): 0 = every data rank holds the "
+               "AdamW moments of every parameter; 1 = each holds those of its shard only "
+               "(gradients reduce-scattered in buckets during backward, AdamW on the shard, "
+               "parameters all-gathered), the same losses and parameters bit for bit; 2 = "
+               "also the gradient memory outside the shard returned to the system as each "
+               "bucket is reduced. Host-memory runs (mpi, shm); with one data rank it does "
+               "nothing (a warning).")
+              .at_least(0)
+              .at_most(2),
+          s.zero_stage...);
   v.field("parallel.timeout_s",
           Spec("Deadline of every collective in seconds; the hang watchdog's limit.")
               .above(0)

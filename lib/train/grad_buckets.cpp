@@ -7,6 +7,9 @@
 #include <string>
 #include <utility>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 #include "tensor/memory.hpp"
@@ -19,6 +22,28 @@ constexpr int kSharedPollUs = 500;  ///< ... of shared-memory sums (see progress
 
 std::size_t per_bucket(double bucket_bytes) {
   return std::max<std::size_t>(1, static_cast<std::size_t>(bucket_bytes / sizeof(float)));
+}
+
+/// Returns the whole pages of host memory [p, p + n) to the system: a private anonymous
+/// mapping's page reads back as zeros and takes memory again when written. The partial
+/// pages at the ends keep their contents (`zero_ends`: are zeroed).
+void release_pages(float* p, std::size_t n, bool zero_ends) {
+  if (n == 0) return;
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t end = begin + n * sizeof(float);
+  const std::uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
+  if (a >= b) {
+    if (zero_ends) std::fill(p, p + n, 0.0f);
+    return;
+  }
+  if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) != 0)
+    throw Error("train: returning " + std::to_string(b - a) +
+                " bytes of gradient memory to the system (madvise) failed");
+  if (zero_ends) {
+    std::fill(p, reinterpret_cast<float*>(a), 0.0f);
+    std::fill(reinterpret_cast<float*>(b), p + n, 0.0f);
+  }
 }
 }  // namespace
 
@@ -36,10 +61,27 @@ GradBuckets::GradBuckets(comm::SharedSum& shared, double bucket_bytes, bool over
     : GradBuckets(shared.group(), shared.local(), shared.elements(), bucket_bytes, overlap, {},
                   false, &shared) {}
 
+GradBuckets::GradBuckets(comm::Communicator& data, float* grads, const ZeroShards& shards,
+                         double bucket_bytes, bool overlap, bool release_outside_shard)
+    : comm_(data),
+      shards_(&shards),
+      release_(release_outside_shard),
+      grads_(grads),
+      overlap_(overlap) {
+  if (shards.ranks() != data.size())
+    throw Error("train: " + std::to_string(shards.ranks()) + " ZeRO shards for the " +
+                std::to_string(data.size()) + " ranks of group '" + data.name() + "'");
+  setup(shards.elements(), bucket_bytes, false);
+}
+
 GradBuckets::GradBuckets(comm::Communicator& data, float* grads, std::size_t elements,
                          double bucket_bytes, bool overlap, tensor::ExecContext ctx,
                          bool stage_through_host, comm::SharedSum* shared)
     : comm_(data), shared_(shared), ctx_(ctx), grads_(grads), overlap_(overlap) {
+  setup(elements, bucket_bytes, stage_through_host);
+}
+
+void GradBuckets::setup(std::size_t elements, double bucket_bytes, bool stage_through_host) {
   if (shared_ && shared_->slots() < bucket_count_for(elements, bucket_bytes))
     throw Error("train: " + std::to_string(bucket_count_for(elements, bucket_bytes)) +
                 " gradient buckets but the shared-memory buffers of group '" + comm_.name() +
@@ -97,10 +139,8 @@ void GradBuckets::progress_loop() {
     if (stop_) return;
     bool pending = false;
     try {
-      for (std::size_t i = 0; i < next_; ++i) {
-        if (!done_[i]) done_[i] = requests_[i].test();
-        pending = pending || !done_[i];
-      }
+      for (std::size_t i = 0; i < next_; ++i)
+        pending = !poll(i) || pending;
     } catch (...) {
       progress_error_ = std::current_exception();
       polling_ = false;
@@ -136,8 +176,44 @@ void GradBuckets::start(std::size_t i) {
     kernels::first_nonfinite_min(scan_ctx_, range, begins_[i], flag_tensor());
   }
   if (alone_on_device_) return;  // a host communicator must not see device memory
-  requests_[i] = shared_ ? shared_->isum(i, begins_[i], n, 0, scan_in_sum())
-                         : comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
+  if (shards_)
+    requests_[i] = comm_.ireduce_scatter_blocks(buf, shards_->counts(begins_[i], ends_[i]),
+                                                DType::f32, comm::ReduceOp::sum);
+  else
+    requests_[i] = shared_ ? shared_->isum(i, begins_[i], n, 0, scan_in_sum())
+                           : comm_.iallreduce(buf, n, DType::f32, comm::ReduceOp::sum);
+}
+
+bool GradBuckets::poll(std::size_t i) {
+  if (!done_[i] && requests_[i].test()) {
+    done_[i] = true;
+    completed_bucket(i);
+  }
+  return done_[i];
+}
+
+void GradBuckets::completed_bucket(std::size_t i) {
+  if (!release_) return;
+  // Outside the shard: what lies before it and after it in the bucket.
+  const std::size_t first = shards_->first(comm_.rank()), last = shards_->last(comm_.rank());
+  const std::size_t b = begins_[i], e = ends_[i];
+  if (b < std::min(e, first)) release_pages(grads_ + b, std::min(e, first) - b, false);
+  if (std::max(b, last) < e)
+    release_pages(grads_ + std::max(b, last), e - std::max(b, last), false);
+}
+
+void GradBuckets::clear() {
+  const std::size_t n = begins_.empty() ? 0 : ends_.front();
+  if (!shards_) {
+    release_pages(grads_, n, true);
+    return;
+  }
+  // The shard's pages are resident at every step's peak anyway: zeroed in place, not
+  // faulted in again; the rest returned.
+  const std::size_t first = shards_->first(comm_.rank()), last = shards_->last(comm_.rank());
+  release_pages(grads_, first, true);
+  std::fill(grads_ + first, grads_ + last, 0.0f);
+  release_pages(grads_ + last, n - last, true);
 }
 
 void GradBuckets::ready(std::size_t offset) {
@@ -158,7 +234,7 @@ void GradBuckets::ready(std::size_t offset) {
   while (next_ < begins_.size() && begins_[next_] >= offset)
     start(next_++);
   for (std::size_t i = 0; i < next_; ++i)
-    if (!done_[i]) done_[i] = requests_[i].test();  // drives Open MPI's progress
+    poll(i);  // drives Open MPI's progress
 }
 
 std::size_t GradBuckets::completed() const {
@@ -179,7 +255,10 @@ double GradBuckets::wait_all() {
     start(next_++);
   for (std::size_t i = 0; i < requests_.size(); ++i) {
     if (requests_[i].valid()) requests_[i].wait();  // immediate where a poll saw it done
-    done_[i] = true;
+    if (!done_[i]) {
+      done_[i] = true;
+      completed_bucket(i);
+    }
   }
   // The buckets cover the buffer: one copy brings every sum back to the device.
   if (staged()) tensor::copy(ctx_, grads_, staging_.data(), staging_.size() * sizeof(float));

@@ -17,6 +17,14 @@
 /// Ranks on one node (parallel.backend shm): the gradients live in a comm::SharedSum's
 /// shared-memory buffer and each bucket is summed there in place, by the same progress
 /// thread (or polls) that drives MPI's all-reduce.
+///
+/// ZeRO (parallel.zero_stage >= 1, MPI back end): each bucket is reduce-scattered over the
+/// data ranks' shards (train::ZeroShards) instead of all-reduced, started and polled alike;
+/// afterwards only this rank's shard of the buffer holds sums. Stage 2 also returns the
+/// pages of each bucket outside the shard to the system as soon as its reduce-scatter
+/// has completed (release_outside_shard), and clear() zeroes the buffer by returning its
+/// pages rather than writing them, so the gradients outside the shard are resident only
+/// while backward writes them and their bucket is in flight.
 
 #include <condition_variable>
 #include <cstddef>
@@ -30,6 +38,7 @@
 #include "comm/shared_sum.hpp"
 #include "tensor/context.hpp"
 #include "tensor/tensor.hpp"
+#include "train/zero_shards.hpp"
 
 namespace dst::train {
 
@@ -45,6 +54,12 @@ class GradBuckets {
   /// The gradients are `shared.local()` (host memory), summed in shared memory over
   /// `shared.group()`. Throws dst::Error if `shared` has fewer slots than buckets.
   GradBuckets(comm::SharedSum& shared, double bucket_bytes, bool overlap);
+  /// ZeRO: host gradients `grads` (shards.elements() f32) reduce-scattered over `shards`
+  /// (one per rank of `data`) bucket by bucket (Communicator::ireduce_scatter_blocks).
+  /// `release_outside_shard` (stage 2): a bucket's pages outside this rank's shard are
+  /// returned to the system (read back as zeros) once its reduce-scatter has completed.
+  GradBuckets(comm::Communicator& data, float* grads, const ZeroShards& shards, double bucket_bytes,
+              bool overlap, bool release_outside_shard);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -58,6 +73,16 @@ class GradBuckets {
   double wait_all();
   /// Resets for the next optimizer step.
   void reset();
+  /// Zeroes the whole gradient buffer (host memory) by returning its whole pages to the
+  /// system (they read back as zeros and take memory again only when written) and
+  /// writing zeros into the partial pages at its ends: ZeRO stage 2's zeroing, which
+  /// leaves the buffer without resident pages until backward writes them. With ZeRO
+  /// shards, this rank's shard is zeroed by writing (it is resident at every step's peak,
+  /// and a page fault per page costs more than the write).
+  void clear();
+  /// [begin, end) of bucket i (i = 0 is the last range of the buffer).
+  std::size_t bucket_begin(std::size_t i) const { return begins_.at(i); }
+  std::size_t bucket_end(std::size_t i) const { return ends_.at(i); }
 
   std::size_t bucket_count() const { return begins_.size(); }
   /// How many buckets a buffer of `elements` f32 makes at `bucket_bytes` each.
@@ -82,14 +107,23 @@ class GradBuckets {
   GradBuckets(comm::Communicator& data, float* grads, std::size_t elements, double bucket_bytes,
               bool overlap, tensor::ExecContext ctx, bool stage_through_host,
               comm::SharedSum* shared);
+  /// What the constructors share once the members are set.
+  void setup(std::size_t elements, double bucket_bytes, bool stage_through_host);
   void start(std::size_t i);
+  /// Bucket i's collective has completed: stage 2 releases its pages outside the shard.
+  /// Runs once per bucket and step, on the thread that saw the completion.
+  void completed_bucket(std::size_t i);
+  /// Polls bucket i (under the mutex where a progress thread runs); true when complete.
+  bool poll(std::size_t i);
   /// The sums check the gradients as they add them (comm::SharedSum's scan), so start()
   /// runs no scan of its own. Not for a group of one: its "sum" reads nothing.
   bool scan_in_sum() const { return shared_ != nullptr && shared_->size() > 1; }
   tensor::Tensor flag_tensor() const;
   void progress_loop();
   comm::Communicator& comm_;
-  comm::SharedSum* shared_ = nullptr;  ///< sums in shared memory instead of comm_
+  comm::SharedSum* shared_ = nullptr;   ///< sums in shared memory instead of comm_
+  const ZeroShards* shards_ = nullptr;  ///< ZeRO: reduce-scatters over these shards
+  bool release_ = false;                ///< ZeRO stage 2: release_outside_shard
   tensor::ExecContext ctx_;
   float* grads_;
   std::vector<float> staging_;     ///< host copy of the gradients when staged()

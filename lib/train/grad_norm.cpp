@@ -73,8 +73,40 @@ double GradNorm::compute_shared(const tensor::ExecContext& ctx, const model::Par
   return total_;
 }
 
+double GradNorm::compute_sharded(const tensor::ExecContext& ctx, const model::ParamStore& store,
+                                 std::size_t first, std::size_t last, comm::Communicator& group) {
+  if (tensor::device_of(ctx) != tensor::Device::host)
+    throw Error("train::GradNorm::compute_sharded: the gradients must be in host memory");
+  const std::size_t n = store.size();
+  per_tensor_.assign(n, 0.0);
+  total_ = 0.0;
+  if (n == 0) return total_;
+  tensor::Tensor out{per_tensor_.data(), {static_cast<std::int64_t>(n)}, DType::f64};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t begin = store.spec(i).offset;
+    if (begin < first || begin >= last) continue;
+    const std::size_t end = begin + static_cast<std::size_t>(store.spec(i).shape.numel());
+    if (end > last)
+      throw Error("train::GradNorm::compute_sharded: tensor " + store.spec(i).name +
+                  " at elements [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") crosses the end of the shard [" + std::to_string(first) + ", " +
+                  std::to_string(last) + ")");
+    kernels::sum_of_squares_into(ctx, store.grad(i), out, static_cast<std::int64_t>(i));
+  }
+  group.allreduce(per_tensor_.data(), n, DType::f64, comm::ReduceOp::sum);
+  for (std::size_t i = 0; i < n; ++i)
+    total_ += per_tensor_[i];
+  return total_;
+}
+
 NonFinite first_nonfinite_grad(const tensor::ExecContext& ctx, const model::ParamStore& store) {
+  return first_nonfinite_grad(ctx, store, 0, store.buffer_elements());
+}
+
+NonFinite first_nonfinite_grad(const tensor::ExecContext& ctx, const model::ParamStore& store,
+                               std::size_t first, std::size_t last) {
   for (std::size_t i = 0; i < store.size(); ++i) {
+    if (store.spec(i).offset < first || store.spec(i).offset >= last) continue;
     const std::int64_t at = kernels::first_nonfinite(ctx, store.grad(i));
     if (at >= 0) return NonFinite{static_cast<std::int64_t>(i), at};
   }

@@ -39,6 +39,15 @@ class GradNorm {
   double compute_shared(const tensor::ExecContext& ctx, const model::ParamStore& store,
                         comm::Communicator& group);
 
+  /// The same total under ZeRO with shards of whole tensors (ZeroShards::by_tensors):
+  /// only the gradients of this rank's shard [first, last) hold the sums, so each rank
+  /// sums the tensors that start there, and one all-reduce of the per-tensor sums (every
+  /// entry one rank's value, the others +0, so exact) gives every rank all of them, added
+  /// in store order: compute()'s bits. Collective over `group`. Throws dst::Error if a
+  /// tensor starting in the shard does not end in it.
+  double compute_sharded(const tensor::ExecContext& ctx, const model::ParamStore& store,
+                         std::size_t first, std::size_t last, comm::Communicator& group);
+
   /// Per tensor, in store order (metrics: the norm of each tensor's gradient).
   const std::vector<double>& per_tensor() const { return per_tensor_; }
   double local_sum_of_squares() const { return total_; }
@@ -65,6 +74,10 @@ struct NonFinite {
 /// Scans the gradient tensors in store order, stopping at the first with a NaN or Inf,
 /// so the trainer can name it ("model.layers.3.mlp.up_proj.weight[1234]").
 NonFinite first_nonfinite_grad(const tensor::ExecContext& ctx, const model::ParamStore& store);
+/// The same over the tensors that start in the flat-buffer range [first, last) only (a
+/// ZeRO shard of whole tensors, where the other gradients are not this rank's sums).
+NonFinite first_nonfinite_grad(const tensor::ExecContext& ctx, const model::ParamStore& store,
+                               std::size_t first, std::size_t last);
 
 /// The factor clipping multiplies every gradient by: min(1, max_norm / (norm + 1e-6)),
 /// as torch.nn.utils.clip_grad_norm_ (whose 1e-6 keeps a zero norm from dividing by 0);

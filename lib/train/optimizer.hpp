@@ -20,9 +20,11 @@ namespace dst::train {
 
 /// What a checkpoint saves of the optimizer (and restores through AdamW::state()).
 struct AdamWState {
-  float* m = nullptr;        ///< (buffer_elements) first moments, ParamStore layout
-  float* v = nullptr;        ///< (buffer_elements) second moments, ParamStore layout
-  std::size_t elements = 0;  ///< = ParamStore::buffer_elements(), padding included
+  float* m = nullptr;        ///< (elements) first moments, ParamStore layout from `first`
+  float* v = nullptr;        ///< (elements) second moments, ParamStore layout from `first`
+  std::size_t first = 0;     ///< the flat-buffer offset of m[0] and v[0] (a ZeRO shard's)
+  std::size_t elements = 0;  ///< ParamStore::buffer_elements() (padding included), or the
+                             ///< shard's size
   std::int64_t step = 0;     ///< optimizer steps taken (the next step is step + 1)
 };
 
@@ -35,6 +37,11 @@ class AdamW {
   /// Lays out (plans, or allocates zeroed) the moments for `store`'s layout; nothing is
   /// allocated afterwards. In a planning store's mode nothing is allocated at all.
   AdamW(const config::OptimizerSection& opt, const model::ParamStore& store);
+  /// ZeRO (parallel.zero_stage >= 1): moments for the flat-buffer elements [first, last)
+  /// only, this rank's shard; step() may then update only elements within it. Throws
+  /// dst::Error for a range outside the buffer.
+  AdamW(const config::OptimizerSection& opt, const model::ParamStore& store, std::size_t first,
+        std::size_t last);
 
   /// One step: increments the step count t, then for each tensor runs kernels::adamw_step
   /// at t with lr and grad_scale (multiplies every gradient first: 1 / loss scale times
@@ -57,7 +64,10 @@ class AdamW {
 
   /// Pointers to the moment buffers and the step count (writable: a restore fills them).
   AdamWState state() const;
-  /// The moments of tensor i, views at spec(i).offset.
+  /// True when the moments cover part of the buffer only (the ZeRO constructor).
+  bool sharded() const { return first_ != 0 || last_ != elements_; }
+  /// The moments of tensor i, views at spec(i).offset. Throws dst::Error for a tensor not
+  /// wholly in the moments' range (sharded()).
   tensor::Tensor m(std::size_t i) const;
   tensor::Tensor v(std::size_t i) const;
 
@@ -73,10 +83,13 @@ class AdamW {
     bool decay;
   };
   tensor::Tensor view(const tensor::Arena& arena, std::size_t i) const;
+  /// Elements [a, b) of a moment buffer (within [first_, last_)) as a 1-d tensor.
+  tensor::Tensor piece(const tensor::Arena& arena, std::size_t a, std::size_t b) const;
 
   config::OptimizerSection opt_;
-  std::vector<Range> ranges_;  ///< one per parameter tensor, in store order
-  std::size_t elements_ = 0;
+  std::vector<Range> ranges_;         ///< one per parameter tensor, in store order
+  std::size_t elements_ = 0;          ///< of the parameter store's flat buffers
+  std::size_t first_ = 0, last_ = 0;  ///< the moments' range of them
   std::int64_t step_ = 0;
   tensor::Arena m_;
   tensor::Arena v_;

@@ -10,6 +10,8 @@
 #include <optional>
 #include <sstream>
 
+#include <sys/mman.h>
+
 #include "comm/nccl_bootstrap.hpp"
 #include "comm/shared_sum.hpp"
 #include "core/exit_codes.hpp"
@@ -110,10 +112,43 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     shared_ = std::make_unique<comm::SharedSum>(
         *groups.data, elements, GradBuckets::bucket_count_for(elements, bucket_bytes) + 1, 2);
   }
+  // ZeRO: one data rank has nothing to shard (the stage does nothing: say so); a device's
+  // gradients and moments would need the NCCL back end's shard collectives (not built).
+  zero_stage_ = static_cast<int>(config.parallel.zero_stage);
+  if (zero_stage_ > 0 && groups.data->size() == 1) {
+    if (groups.world->rank() == 0)
+      log::warn("parallel.zero_stage " + std::to_string(zero_stage_) +
+                " does nothing with one data rank: every rank holds the whole optimizer state "
+                "(as zero_stage 0)");
+    zero_stage_ = 0;
+  }
+  if (zero_stage_ > 0 && (tensor::device_of(ctx_) != tensor::Device::host || device_comm_))
+    throw Error("trainer: parallel.zero_stage " + std::to_string(zero_stage_) +
+                " needs the model in host memory and the mpi or shm back end (a device's "
+                "reduce-scatter onto shards is not built yet); set parallel.zero_stage: 0");
+  if (zero_stage_ == 2 && !shared_) {
+    // Stage 2 over MPI: gradient memory of pages nobody has touched (an allocation of the
+    // store's own is zero-filled by writing it, which would make it all resident): pages
+    // take memory only when backward writes them, and GradBuckets returns them. Huge
+    // pages where the system gives them (transparent huge pages on madvise): a fault per
+    // 2 MiB instead of per 4 KiB when backward writes them again each step.
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t bytes =
+        model::flat_buffer_elements(model::dense_parameter_layout(config.model)) * sizeof(float);
+    const std::size_t mapped = bytes + kHuge;
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error("trainer: cannot map " + std::to_string(mapped) +
+                  " bytes of gradient memory (parallel.zero_stage 2)");
+    auto* aligned =
+        reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(p) + kHuge - 1) / kHuge * kHuge);
+    (void)::madvise(aligned, bytes, MADV_HUGEPAGE);  // advice: without it, 4 KiB pages
+    grad_pages_ = std::shared_ptr<void>(aligned, [p, mapped](void*) { ::munmap(p, mapped); });
+  }
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
       storage_type(config.training.precision), config.debug.deterministic,
-      shared_ ? shared_->local(kGradBuffer) : nullptr,
+      shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
       shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute);
   // One rank alone has nothing to share: it updates its own parameters.
   if (shared_ && shared_->size() > 1) {
@@ -121,7 +156,18 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     gather_slot_ = shared_->slots() - 1;
   }
   loss_scaling_ = config.training.precision == config::Precision::fp16;
-  optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
+  if (zero_stage_ > 0) {
+    // shm: the parts the ranks already update; MPI: whole tensors (exact norms).
+    shards_ = std::make_unique<ZeroShards>(
+        shared_ ? ZeroShards::by_parts(model_->params().buffer_elements(), groups.data->size())
+                : ZeroShards::by_tensors(model_->params(), groups.data->size()));
+    shard_first_ = shards_->first(groups.data->rank());
+    shard_last_ = shards_->last(groups.data->rank());
+    optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params(), shard_first_,
+                                         shard_last_);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
+  }
   data::SamplerConfig sc;
   sc.num_samples = train.num_samples();
   sc.seed = config.run.seed;
@@ -133,6 +179,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   auto& ps = model_->params();
   if (shared_)
     buckets_ = std::make_unique<GradBuckets>(*shared_, bucket_bytes, config.parallel.overlap);
+  else if (zero_stage_ > 0)
+    buckets_ = std::make_unique<GradBuckets>(*groups.data, ps.grads_data(), *shards_, bucket_bytes,
+                                             config.parallel.overlap, zero_stage_ == 2);
   else
     buckets_ = std::make_unique<GradBuckets>(device_comm_ ? *device_comm_ : *groups.data,
                                              ps.grads_data(), ps.buffer_elements(), bucket_bytes,
@@ -161,6 +210,21 @@ void Trainer::gather_state(float* data) const {
   std::memcpy(data + last, through + last, (n - last) * sizeof(float));
 }
 
+double Trainer::gather_parameters() {
+  const auto t0 = Clock::now();
+  float* params = model_->params().params_data();
+  const GradBuckets& b = *buckets_;
+  std::vector<comm::Request> requests;
+  requests.reserve(b.bucket_count());
+  for (std::size_t i = 0; i < b.bucket_count(); ++i)
+    requests.push_back(groups_.data->iallgather_blocks(
+        params + b.bucket_begin(i), shards_->counts(b.bucket_begin(i), b.bucket_end(i)),
+        DType::f32));
+  for (auto& r : requests)
+    r.wait();
+  return since(t0);
+}
+
 void Trainer::initialize_parameters() {
   model_->params().initialize(cfg_.run.seed);
   model_->refresh_compute_params();
@@ -171,6 +235,11 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = step_;
   const auto t_step = Clock::now();
+  if (optimizer_->sharded()) {
+    // ZeRO: the moments gathered whole for the last checkpoint are no longer viewed.
+    std::vector<float>().swap(host_m_);
+    std::vector<float>().swap(host_v_);
+  }
   const std::int64_t micro = cfg_.training.micro_batch_size;
   const std::int64_t T = cfg_.data.seq_len;
   const std::size_t sample_len = static_cast<std::size_t>(T + 1);
@@ -184,7 +253,13 @@ StepStats Trainer::step() {
   samples_seen_ += static_cast<std::uint64_t>(layout_.global_batch_size);
 
   // --- forward + backward, gradients summed locally; buckets start on the last one
-  ps.zero_grads();
+  // ZeRO stage 2 over MPI: zeroed by returning the buffer's pages (resident again only
+  // while backward writes them and their bucket is in flight).
+  const bool zero_mpi = zero_stage_ > 0 && !shared_;
+  if (zero_mpi && zero_stage_ == 2)
+    buckets_->clear();
+  else
+    ps.zero_grads();
   GradBuckets& buckets = *buckets_;
   buckets.reset();
   const std::optional<float> poison = faults_.gradient_poison(step_);
@@ -237,9 +312,13 @@ StepStats Trainer::step() {
 
   // --- norm, non-finite policy, clipping, optimizer
   t0 = Clock::now();
-  // The gradients are replicated: the ranks sharing the update share the norm too.
+  double gathered_s = 0.0;  // ZeRO over MPI: the parameters' all-gather
+  // The gradients are replicated: the ranks sharing the update share the norm too. ZeRO
+  // over MPI: each rank holds the sums of its shard's tensors only.
   st.grad_norm = std::sqrt(shared_update_ ? norm_.compute_shared(ctx_, ps, *groups_.data)
-                                          : norm_.compute(ctx_, ps)) *
+                           : zero_mpi ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_,
+                                                              *groups_.data)
+                                      : norm_.compute(ctx_, ps)) *
                  scale;
   st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
   // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (sums[2], the
@@ -277,7 +356,14 @@ StepStats Trainer::step() {
       os << ": first on rank " << first[0] << ", tensor " << ps.spec(i).name << "["
          << static_cast<std::size_t>(offset) - ps.spec(i).offset << "]";
     } else {
-      const auto nf = first_nonfinite_grad(ctx_, ps);
+      // ZeRO over MPI: each rank scans the sums it holds; the lowest tensor over the ranks.
+      auto nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
+                         : first_nonfinite_grad(ctx_, ps);
+      if (zero_mpi) {
+        std::int64_t tensor = nf.found() ? nf.tensor : std::numeric_limits<std::int64_t>::max();
+        groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
+        nf.tensor = tensor == std::numeric_limits<std::int64_t>::max() ? -1 : tensor;
+      }
       os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor "
          << (nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?"));
     }
@@ -295,6 +381,11 @@ StepStats Trainer::step() {
                                first, last);
       optimizer_->step(ctx_, ps, st.lr, scale * factor, first, last);
       shared_update_->igather(gather_slot_, 0, ps.buffer_elements(), kParamBuffer).wait();
+    } else if (zero_mpi) {
+      // The shard's update, then every shard into every rank's parameters: communication
+      // (the phase's t_comm), not the optimizer's time.
+      optimizer_->step(ctx_, ps, st.lr, scale * factor, shard_first_, shard_last_);
+      gathered_s = gather_parameters();
     } else {
       optimizer_->step(ctx_, ps, st.lr, scale * factor);
     }
@@ -307,7 +398,8 @@ StepStats Trainer::step() {
       log::info(os.str());
     }
   }
-  st.t_optimizer = since(t0);
+  st.t_optimizer = since(t0) - gathered_s;
+  st.t_comm += gathered_s;
   if (faults_.diverges_after(step_)) {  // the consistency check must see it
     float first = 0.0f;
     tensor::copy(ctx_, &first, ps.params_data(), sizeof first);
@@ -346,7 +438,8 @@ std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
 
 std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device) const {
   const auto& ps = model_->params();
-  if (copy_from_device && shared_update_) {
+  const bool sharded = optimizer_->sharded();
+  if (copy_from_device && shared_update_ && !sharded) {
     gather_state(optimizer_->state().m);
     gather_state(optimizer_->state().v);
   }
@@ -354,7 +447,19 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
   out.reserve(3 * ps.size());
   // Host memory: views of the buffers themselves. A device: of host copies taken now.
   const bool on_host = tensor::device_of(ctx_) == tensor::Device::host;
-  if (!on_host) {
+  if (sharded) {
+    // ZeRO (host memory): the moments of every shard, gathered whole (a save) or read
+    // whole into these buffers (a restore, which keeps its own shard of them).
+    const std::size_t n = ps.buffer_elements();
+    const AdamWState st = optimizer_->state();
+    for (auto* h : {&host_m_, &host_v_}) {
+      h->resize(n);
+      if (!copy_from_device) continue;
+      const float* own = h == &host_m_ ? st.m : st.v;
+      std::copy(own, own + st.elements, h->data() + st.first);
+      groups_.data->iallgather_blocks(h->data(), shards_->sizes(), DType::f32).wait();
+    }
+  } else if (!on_host) {
     const std::size_t n = ps.buffer_elements();
     const std::size_t bytes = n * sizeof(float);
     for (auto* h : {&host_params_, &host_m_, &host_v_})
@@ -368,8 +473,9 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
   const auto add = [&](const std::string& prefix, const tensor::Tensor& t, std::size_t i) {
     const tensor::Shape& sh = ps.spec(i).shape;
     std::vector<std::int64_t> shape(sh.dims.begin(), sh.dims.begin() + sh.rank);
-    float* data = t.ptr<float>();
-    if (!on_host) {
+    const bool moment = prefix != "params/";
+    float* data = moment && sharded ? nullptr : t.ptr<float>();
+    if (!on_host || (moment && sharded)) {
       // The same offset into the host copy of the same flat buffer.
       const std::vector<float>& h = prefix == "params/"              ? host_params_
                                     : prefix == "optimizer/exp_avg/" ? host_m_
@@ -380,10 +486,11 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
   };
   for (std::size_t i = 0; i < ps.size(); ++i)
     add("params/", ps.param(i), i);
+  // Sharded moments have no view per tensor: add() takes them from the whole host copy.
   for (std::size_t i = 0; i < ps.size(); ++i)
-    add("optimizer/exp_avg/", optimizer_->m(i), i);
+    add("optimizer/exp_avg/", sharded ? tensor::Tensor{} : optimizer_->m(i), i);
   for (std::size_t i = 0; i < ps.size(); ++i)
-    add("optimizer/exp_avg_sq/", optimizer_->v(i), i);
+    add("optimizer/exp_avg_sq/", sharded ? tensor::Tensor{} : optimizer_->v(i), i);
   return out;
 }
 
@@ -447,7 +554,17 @@ void Trainer::restore(ckpt::Reader& reader) {
   }
   for (const auto& w : wanted)
     reader.read(w.name, w.shape, const_cast<float*>(w.data));
-  if (tensor::device_of(ctx_) != tensor::Device::host) {
+  if (optimizer_->sharded()) {
+    // ZeRO: the checkpoint's moments are whole (any stage, any world size wrote them);
+    // this rank keeps its shard of them.
+    const AdamWState st = optimizer_->state();
+    std::copy(host_m_.begin() + static_cast<std::ptrdiff_t>(st.first),
+              host_m_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.m);
+    std::copy(host_v_.begin() + static_cast<std::ptrdiff_t>(st.first),
+              host_v_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.v);
+    std::vector<float>().swap(host_m_);
+    std::vector<float>().swap(host_v_);
+  } else if (tensor::device_of(ctx_) != tensor::Device::host) {
     const auto& ps = model_->params();
     const std::size_t bytes = ps.buffer_elements() * sizeof(float);
     tensor::copy(ctx_, ps.params_data(), host_params_.data(), bytes);

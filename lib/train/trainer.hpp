@@ -25,6 +25,7 @@
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 #include "train/sample_store.hpp"
+#include "train/zero_shards.hpp"
 
 namespace dst::train {
 
@@ -84,6 +85,10 @@ class Trainer {
     ///    (SharedSum::part_of) and the parameters are gathered in place; the moments
     ///    outside a rank's part are gathered only for a checkpoint (docs/performance.md,
     ///    "the optimizer shared by the ranks of a node").
+    ///  With parallel.zero_stage >= 1 (host memory only; docs/performance.md, "ZeRO"):
+    ///  mpi reduce-scatters the gradients onto shards of whole tensors (ZeroShards::
+    ///  by_tensors), updates the shard and all-gathers the parameters; shm keeps its sums
+    ///  and gathers and allocates the moments of the rank's part only.
     runtime::CommBackend grad_comm = runtime::CommBackend::mpi;
     /// Names the start-up steps that make the NCCL communicator or the shared buffers
     /// (a rank that does not arrive ends the job naming the step); none when null.
@@ -127,8 +132,9 @@ class Trainer {
   /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",
   /// "optimizer/exp_avg_sq/<name>"), viewing the flat buffers (valid until the next step).
   /// On a device they view a host copy, taken by this call (restore() copies it back).
-  /// Where the ranks share the update, this first gathers the moments of the other ranks'
-  /// parts (collective over the data group, every rank calls it).
+  /// Where the ranks share the update, or under ZeRO, this first gathers the moments of
+  /// the other ranks' parts (collective over the data group, every rank calls it; under
+  /// ZeRO into host buffers of the whole size, held until the next step).
   std::vector<ckpt::TensorRef> checkpoint_tensors() const;
   /// The scalars of the state (step, sampler position, samples seen, optimizer and
   /// skipped steps, seed, layout); the caller adds the deck and version texts.
@@ -169,6 +175,9 @@ class Trainer {
   /// shared buffers).
   std::unique_ptr<comm::Communicator> device_comm_;
   std::unique_ptr<comm::SharedSum> shared_;
+  /// ZeRO stage 2 over MPI: the model's gradient memory, mapped untouched (declared
+  /// before model_, which it must outlive).
+  std::shared_ptr<void> grad_pages_;
   std::unique_ptr<model::DenseModel> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSource> batches_;
@@ -186,10 +195,20 @@ class Trainer {
   /// Gathers the flat buffer `data` (the moments) across the shared ranks, through the
   /// gradient buffer (free between steps).
   void gather_state(float* data) const;
+  /// ZeRO: the stage in effect (0 with one data rank), this rank's shard of the flat
+  /// buffers, and all the ranks' shards.
+  int zero_stage_ = 0;
+  std::unique_ptr<ZeroShards> shards_;
+  std::size_t shard_first_ = 0, shard_last_ = 0;
+  /// ZeRO over MPI: all-gathers the updated parameters (this rank's shard final) bucket by
+  /// bucket, the gradient buckets' ranges; returns the seconds it took.
+  double gather_parameters();
   std::size_t poison_offset_ = 0;  ///< where Faults::gradient_poison goes
   bool loss_scaling_ = false;      ///< training.precision fp16
   LossScaler scaler_;
-  /// Device runs: host copies of parameters and moments (flat layout) for checkpoints.
+  /// Device runs: host copies of parameters and moments (flat layout) for checkpoints;
+  /// ZeRO: the moments gathered whole for a checkpoint (freed by the next step) and read
+  /// whole on a restore (freed at its end): 8 bytes per parameter for that while.
   mutable std::vector<float> host_params_, host_m_, host_v_;
 };
 

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <thread>
@@ -146,6 +148,98 @@ TEST(Communicator, AllgatherOrdersBlocksByRank) {
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < count; ++i)
       ASSERT_EQ(gathered[r * count + i], static_cast<std::uint16_t>(0x7fc1 + r * 131 + i));
+}
+
+/// Blocks of unequal sizes for `n` ranks, some empty: rank r gets (r * 29 + 3) % 41, and
+/// rank 1 (when there is one) nothing.
+std::vector<std::size_t> uneven_counts(int n) {
+  std::vector<std::size_t> c;
+  for (int r = 0; r < n; ++r)
+    c.push_back(r == 1 ? 0 : static_cast<std::size_t>((r * 29 + 3) % 41));
+  return c;
+}
+
+TEST(Communicator, ReduceScatterOfUnequalBlocksLeavesEachRankItsBlockInPlace) {
+  auto comm = world_comm();
+  const int rank = comm->rank();
+  const int n = comm->size();
+  const auto counts = uneven_counts(n);
+  std::size_t total = 0, at = 0;
+  for (int r = 0; r < n; ++r) {
+    if (r == rank) at = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  std::vector<float> buf(total);
+  for (std::size_t i = 0; i < total; ++i)
+    buf[i] = input<float>(rank, i);
+  comm->ireduce_scatter_blocks(buf.data(), counts, DType::f32, ReduceOp::sum).wait();
+  for (std::size_t i = at; i < at + counts[static_cast<std::size_t>(rank)]; ++i)
+    ASSERT_EQ(buf[i], reference<float>(ReduceOp::sum, n, i)) << "i " << i;
+  // The same counts on every rank are required: a wrong number of them is refused.
+  EXPECT_THROW(comm->ireduce_scatter_blocks(buf.data(), std::vector<std::size_t>(n + 1, 0),
+                                            DType::f32, ReduceOp::sum),
+               dst::Error);
+}
+
+// What ZeRO relies on for bit-identical stages (docs/performance.md, "ZeRO"): Open MPI
+// 4.1's non-blocking reduce-scatter of a rank's block sums in the order of its in-place
+// non-blocking all-reduce, so floats that round differently in other orders give the
+// same bits both ways (at 1, 2 and 4 ranks; sizes that pick different algorithms).
+TEST(Communicator, ReduceScatterOfBlocksSumsInTheOrderOfAllreduce) {
+  auto comm = world_comm();
+  const int rank = comm->rank();
+  const int n = comm->size();
+  for (const std::size_t total : {std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20}) {
+    std::vector<float> a(total);
+    std::uint32_t x = 2463534242u + static_cast<std::uint32_t>(rank) * 7919u;
+    for (auto& v : a) {  // xorshift: values of many magnitudes and both signs
+      x ^= x << 13;
+      x ^= x >> 17;
+      x ^= x << 5;
+      v = (static_cast<float>(x % 20001) - 10000.0f) * std::ldexp(1.0f, static_cast<int>(x % 23));
+    }
+    std::vector<float> all = a;
+    comm->allreduce(all.data(), total, DType::f32, ReduceOp::sum);
+    // Blocks: every rank's share of the range, and a layout where one rank gets it all.
+    std::vector<std::size_t> even(n), one(n, 0);
+    for (int r = 0; r < n; ++r)
+      even[r] = total * (r + 1) / n - total * r / n;
+    one[n - 1] = total;
+    for (const auto& counts : {even, one}) {
+      std::vector<float> rs = a;
+      comm->ireduce_scatter_blocks(rs.data(), counts, DType::f32, ReduceOp::sum).wait();
+      std::size_t at = 0;
+      for (int r = 0; r < rank; ++r)
+        at += counts[r];
+      ASSERT_EQ(std::memcmp(rs.data() + at, all.data() + at, counts[rank] * sizeof(float)), 0)
+          << total << " elements at " << n << " ranks";
+    }
+  }
+}
+
+TEST(Communicator, AllgatherOfUnequalBlocksInPlace) {
+  auto comm = world_comm();
+  const int rank = comm->rank();
+  const int n = comm->size();
+  const auto counts = uneven_counts(n);
+  std::size_t total = 0;
+  for (const auto c : counts)
+    total += c;
+  std::vector<float> buf(total, -1.0f);
+  std::size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i)
+      if (r == rank) buf[at + i] = static_cast<float>(1000 * r) + static_cast<float>(i);
+    at += counts[static_cast<std::size_t>(r)];
+  }
+  Request req = comm->iallgather_blocks(buf.data(), counts, DType::f32);
+  req.wait();
+  at = 0;
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i)
+      ASSERT_EQ(buf[at + i], static_cast<float>(1000 * r) + static_cast<float>(i));
+    at += counts[static_cast<std::size_t>(r)];
+  }
 }
 
 TEST(Communicator, BroadcastFromEveryRoot) {
@@ -339,6 +433,35 @@ TEST(Timeout, LateRankMakesTheWaiterThrowNamingTheCollective) {
   }
   for (float v : buf)
     ASSERT_EQ(v, static_cast<float>(comm->size()));
+  comm->barrier();
+}
+
+// The collectives of ZeRO have the communicator's deadline too, and their message says
+// what they are.
+TEST(Timeout, ReduceScatterOfBlocksHasTheDeadline) {
+  auto comm = world_comm();
+  if (comm->size() < 2) GTEST_SKIP() << "needs a second rank to be late";
+  const int n = comm->size();
+  const std::vector<std::size_t> counts(n, 100);
+  std::vector<float> buf(100 * static_cast<std::size_t>(n), 1.0f);
+  if (comm->rank() == 0) {
+    comm->set_timeout_s(0.3);
+    Request r = comm->ireduce_scatter_blocks(buf.data(), counts, DType::f32, ReduceOp::sum);
+    try {
+      r.wait();
+      FAIL() << "wait() returned although rank 1 joins only after 1 s";
+    } catch (const dst::TimeoutError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("reduce_scatter(sum) of " + std::to_string(100 * n) + " x f32"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find("in blocks of unequal sizes, 100 to this rank"), std::string::npos) << m;
+    }
+    r.wait_for(0.0);
+  } else {
+    if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    comm->ireduce_scatter_blocks(buf.data(), counts, DType::f32, ReduceOp::sum).wait();
+  }
   comm->barrier();
 }
 

@@ -13,11 +13,15 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "comm/mpi_communicator.hpp"
 #include "comm/shared_sum.hpp"
 #include "core/error.hpp"
 #include "mpi_world.hpp"
 #include "train/grad_buckets.hpp"
+#include "train/zero_shards.hpp"
 
 namespace dst::train {
 namespace {
@@ -165,6 +169,57 @@ TEST_P(GradBucketsTest, SharedMemoryBucketsSumInPlaceForSeveralSteps) {
     else
       EXPECT_EQ(g[kPoisoned], std::numeric_limits<float>::infinity());
   }
+}
+
+// ZeRO: every bucket is reduce-scattered onto the ranks' shards (parts that cut through
+// buckets, so a bucket's blocks go to one or two ranks): after wait_all() this rank's
+// shard holds the sums. Stage 2 (release) returns the bucket's whole pages outside the
+// shard as it completes, which read back as zeros; clear() zeroes the whole buffer the
+// same way. A NaN is still named by the rank that produced it.
+TEST_P(GradBucketsTest, ZeroBucketsReduceScatterOntoTheShards) {
+  comm::MpiCommunicator data(MPI_COMM_WORLD, "data", 60.0);
+  const ZeroShards shards = ZeroShards::by_parts(kElements, world_size());
+  const std::size_t first = shards.first(world_rank()), last = shards.last(world_rank());
+  // Page-aligned memory nobody has touched, as the trainer maps for stage 2.
+  const std::size_t bytes = kElements * sizeof(float);
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  float* g = static_cast<float*>(mem);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)) / sizeof(float);
+  for (const bool release : {false, true}) {
+    GradBuckets buckets(data, g, shards, kBucketBytes, GetParam(), release);
+    EXPECT_EQ(buckets.bucket_count(), 16u);
+    for (int step = 0; step < 2; ++step) {
+      buckets.clear();
+      for (std::size_t i = 0; i < kElements; i += 4099)
+        ASSERT_EQ(g[i], 0.0f) << "cleared, at " << i;
+      for (std::size_t i = 0; i < kElements; ++i)
+        g[i] = value(i, world_rank());
+      const bool poison = step == 1 && world_rank() == world_size() - 1;
+      constexpr std::size_t kPoisoned = kElements / 2 + 3;
+      if (poison) g[kPoisoned] = std::numeric_limits<float>::quiet_NaN();
+      buckets.reset();
+      for (std::size_t k = 8; k-- > 0;)
+        buckets.ready(k * (kElements / 8));
+      buckets.wait_all();
+      EXPECT_EQ(buckets.first_nonfinite_offset(),
+                poison ? static_cast<std::int64_t>(kPoisoned) : -1);
+      for (std::size_t i = first; i < last; ++i) {
+        if (i == kPoisoned && step == 1) continue;
+        float want = 0.0f;
+        for (int r = 0; r < world_size(); ++r)
+          want += value(i, r);
+        ASSERT_EQ(g[i], want) << "shard element " << i;
+      }
+      if (!release || world_size() == 1) continue;
+      // Outside the shard, whole pages of 64 KiB buckets: released, zeros.
+      for (std::size_t p = 0; p + page <= kElements; p += page) {
+        const bool outside = p + page <= first || p >= last;
+        if (outside) ASSERT_EQ(g[p + 1], 0.0f) << "page at element " << p << " kept";
+      }
+    }
+  }
+  ::munmap(mem, bytes);
 }
 
 TEST(GradBuckets, SharedMemoryNeedsASlotPerBucket) {

@@ -337,6 +337,20 @@ TEST(DeckErrors, TensorAndPipelineParallelismAreNotSupportedYet) {
   EXPECT_EQ(ones.parallel.pipeline, 1);
 }
 
+// ZeRO: stages 0-2, typed in the resolved deck; the NCCL back end has no shard
+// collectives yet, so the deck refuses the pair, naming the stage.
+TEST(DeckErrors, ZeroStageIsZeroToTwoAndNotWithNccl) {
+  EXPECT_EQ(load("run: {}\n").parallel.zero_stage, 0);
+  EXPECT_EQ(load("parallel: {zero_stage: 2}\n").parallel.zero_stage, 2);
+  EXPECT_TRUE(Contains(load_error("parallel:\n  zero_stage: 3\n"), "parallel.zero_stage"));
+  EXPECT_TRUE(Contains(load_error("parallel:\n  zero_stage: -1\n"), "parallel.zero_stage"));
+  EXPECT_EQ(load_error("parallel: {backend: nccl}\n", {"parallel.zero_stage=1"}),
+            "--set parallel.zero_stage=1: parallel.zero_stage: parallel.zero_stage 1 is not "
+            "supported with parallel.backend nccl yet (ZeRO's reduce-scatter onto shards exists "
+            "for the mpi and shm back ends)");
+  EXPECT_TRUE(Contains(dst::config::to_yaml(load("parallel: {zero_stage: 1}\n")), "zero_stage: 1"));
+}
+
 TEST(DeckErrors, UnknownPresetListsPresets) {
   EXPECT_EQ(load_error("model:\n  preset: huge\n"),
             "deck.yaml:2:11: model.preset: unknown preset 'huge' (presets: tiny, small, "
@@ -678,7 +692,8 @@ const std::vector<std::string> kEveryKeyChanged = {
     "parallel.data=2",
     "parallel.tensor=1",  // the only value until tensor parallelism exists (issue 31)
     "parallel.pipeline=1",
-    "parallel.backend=nccl",
+    "parallel.backend=shm",  // not nccl: zero_stage > 0 is refused with it
+    "parallel.zero_stage=2",
     "parallel.bucket_mb=12.5",
     "parallel.timeout_s=30",
     "parallel.init_timeout_s=45.5",

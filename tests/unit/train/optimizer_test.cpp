@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -237,6 +238,50 @@ TEST(AdamWOptimizer, StepsOfPartsOfTheFlatBufferGiveTheWholeStepsBits) {
   }
   EXPECT_THROW(adamw_parts.step(ctx(), parts, 1e-2, 1.0, 8, 7), Error);
   EXPECT_THROW(adamw_parts.step(ctx(), parts, 1e-2, 1.0, 0, n + 1), Error);
+}
+
+// ZeRO: each rank's optimizer holds the moments of its shard only. Shards that cut through
+// a tensor and padding, each stepped by an optimizer of its own, give the whole step's
+// bits, and the moments take the shard's memory only.
+TEST(AdamWOptimizer, ShardedMomentsGiveTheWholeStepsBits) {
+  const auto opt = optimizer_section();
+  ParamStore whole(specs(), Arena::Mode::allocate);
+  ParamStore sharded(specs(), Arena::Mode::allocate);
+  const std::size_t n = whole.buffer_elements();
+  const std::size_t bytes = n * sizeof(float);
+  fill(whole.params_data(), n, 8);
+  std::memcpy(sharded.params_data(), whole.params_data(), bytes);
+  AdamW adamw_whole(opt, whole);
+  const std::vector<std::size_t> cuts = {0, 7, 16, 16, n};
+  std::vector<std::unique_ptr<AdamW>> shards;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    shards.push_back(std::make_unique<AdamW>(opt, sharded, cuts[k], cuts[k + 1]));
+    // The shard's moments, each block rounded up to the arena's 64-byte alignment.
+    EXPECT_EQ(shards.back()->bytes(), 2 * ((cuts[k + 1] - cuts[k] + 15) / 16 * 16) * sizeof(float));
+    EXPECT_EQ(shards.back()->state().first, cuts[k]);
+    EXPECT_EQ(shards.back()->state().elements, cuts[k + 1] - cuts[k]);
+    EXPECT_TRUE(shards.back()->sharded());
+  }
+  for (int t = 1; t <= 3; ++t) {
+    fill(whole.grads_data(), n, 400u + static_cast<std::uint32_t>(t));
+    std::memcpy(sharded.grads_data(), whole.grads_data(), bytes);
+    adamw_whole.step(ctx(), whole, 1e-2, 0.5);
+    for (auto& a : shards)
+      a->step(ctx(), sharded, 1e-2, 0.5);  // its own shard
+    ASSERT_EQ(std::memcmp(whole.params_data(), sharded.params_data(), bytes), 0) << "step " << t;
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      const AdamWState s = shards[k]->state();
+      ASSERT_EQ(std::memcmp(adamw_whole.state().m + s.first, s.m, s.elements * sizeof(float)), 0);
+      ASSERT_EQ(std::memcmp(adamw_whole.state().v + s.first, s.v, s.elements * sizeof(float)), 0);
+    }
+  }
+  // "w" (elements 0-14) lies in no single shard of [0, 7) and [7, 16): no view of its
+  // moments there; "b" lies wholly in the last shard.
+  EXPECT_THROW(shards[0]->m(0), Error);
+  EXPECT_EQ(shards[3]->m(2).data, shards[3]->state().m + (sharded.spec(2).offset - 16));
+  EXPECT_THROW(shards[1]->step(ctx(), sharded, 1e-2, 1.0, 0, 16), Error);
+  EXPECT_THROW(AdamW(opt, sharded, 8, n + 1), Error);
+  EXPECT_FALSE(adamw_whole.sharded());
 }
 
 TEST(AdamWOptimizer, RejectsMismatchedStoresAndPlansWithoutMemory) {

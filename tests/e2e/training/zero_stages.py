@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""ZeRO (parallel.zero_stage, docs/performance.md "ZeRO") end to end with the tiny deck.
+
+1. Stages 0, 1 and 2 on the same ranks give the same run bit for bit: every step's loss
+   and gradient norm (metrics.jsonl), every tensor of final-params.h5, and every
+   parameter and AdamW moment of the last checkpoint (which stays logical: the moments of
+   the shards are written whole). At 1 rank (stages 1 and 2 do nothing, a warning), 2 and
+   4 ranks over MPI (Open MPI's non-blocking reduce-scatter sums in the order of its
+   all-reduce), and 2 and 4 ranks over shm (the shared sums are those of stage 0).
+2. Memory: at 4 ranks over MPI without accumulation, each stage's peak resident memory
+   per rank (peak_mem_bytes, before the first checkpoint) is lower than the previous stage's by at least half of what
+   it no longer holds: 8 bytes x 3/4 of the parameters (the moments outside the shard)
+   for stage 1, 4 bytes x 3/4 (the gradients outside it) for stage 2.
+3. A checkpoint moves between stages and world sizes: saved at step 3 by the 4-rank
+   stage-2 run, resumed at 4 ranks stage 0 it continues bit for bit as the stage-2 run
+   did; resumed at 2 ranks stage 1 and stage 0 the two agree bit for bit; resumed at 1
+   rank stage 0 and at 2 ranks they stay within 1e-5 of the 4-rank run (the summation
+   order of another world size, as tests/e2e/training/rank_invariance.py: the checkpoint
+   itself holds the same logical tensors whatever wrote it, so resharding adds nothing).
+
+usage: zero_stages.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+STEPS, EVERY = 6, 3
+SEQ, MICRO, GLOBAL = 64, 2, 8
+TOL = 1e-5
+TINY_PARAMS = 3297536
+
+
+def read_h5(path, prefixes):
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and name.startswith(prefixes):
+                out[name] = np.array(obj)
+        f.visititems(visit)
+    return out
+
+
+def same_bits(a, b):
+    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def main():
+    sep = sys.argv.index("--")
+    dstrain, deck, generator, work = sys.argv[1:sep]
+    mpiexec, numproc_flag, *preflags = sys.argv[sep + 1:]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    data = os.path.join(work, "data")
+    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
+                    "--train-samples", "256", "--valid-samples", "8"], check=True)
+    problems = []
+
+    def run(name, ranks, backend, zero, extra=()):
+        out = os.path.join(work, name)
+        cmd = [mpiexec, numproc_flag, str(ranks), "--oversubscribe", *preflags, dstrain, "train",
+               deck, "--set", f"data.train={data}/train.txt", "--set", f"data.valid={data}/valid.txt",
+               "--set", "data.text_separator=", "--set", f"data.seq_len={SEQ}",
+               "--set", f"training.micro_batch_size={MICRO}",
+               "--set", f"training.global_batch_size={GLOBAL}",
+               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
+               "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
+               "--set", f"checkpoint.every_steps={EVERY}", "--set", f"run.output_dir={out}",
+               "--set", f"parallel.backend={backend}", "--set", f"parallel.zero_stage={zero}",
+               "--set", "parallel.bucket_mb=1", *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        log = r.stdout + r.stderr
+        if r.returncode != 0:
+            print(log)
+            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            steps = [json.loads(x) for x in f if x.strip()]
+        steps = [s for s in steps if s.get("type") == "step"]
+        return {
+            "log": log,
+            "fields": [(s["step"], s["loss"], s["grad_norm"]) for s in steps],
+            # Before the first checkpoint, which gathers the moments whole for a while
+            # (docs/performance.md, "ZeRO"): the high-water mark keeps that.
+            "peak": max((s["peak_mem_bytes"] for s in steps if s["step"] <= EVERY), default=0),
+            "final": read_h5(os.path.join(out, "final-params.h5"), ("params/",)),
+            "ckpt": read_h5(os.path.join(out, "checkpoints", f"step-{STEPS}.h5"),
+                            ("params/", "optimizer/")),
+            "out": out,
+        }
+
+    # 1. the stages against each other
+    runs = {}
+    for ranks, backend in [(1, "mpi"), (2, "mpi"), (2, "shm"), (4, "mpi"), (4, "shm")]:
+        for zero in (0, 1, 2):
+            runs[(ranks, backend, zero)] = run(f"np{ranks}-{backend}-zero{zero}", ranks, backend,
+                                               zero)
+        base = runs[(ranks, backend, 0)]
+        for zero in (1, 2):
+            r = runs[(ranks, backend, zero)]
+            name = f"np={ranks} {backend} zero {zero} vs zero 0"
+            if r["fields"] != base["fields"]:
+                problems.append(f"{name}: step losses or norms differ: {r['fields']} vs "
+                                f"{base['fields']}")
+            if not same_bits(r["final"], base["final"]):
+                problems.append(f"{name}: final-params.h5 differs")
+            if not same_bits(r["ckpt"], base["ckpt"]):
+                problems.append(f"{name}: the step-{STEPS} checkpoint's tensors differ")
+            if ranks == 1 and "does nothing with one data rank" not in r["log"]:
+                problems.append(f"{name}: no warning that the stage does nothing")
+        print(f"np={ranks} {backend}: zero 0/1/2 give bit-identical losses, norms, "
+              f"{len(base['final'])} final tensors, {len(base['ckpt'])} checkpoint tensors; "
+              "peak MB " + "/".join(f"{runs[(ranks, backend, z)]['peak'] / 1e6:.1f}"
+                                    for z in (0, 1, 2)))
+
+    # 2. memory at 4 ranks over MPI, no accumulation
+    peaks = [runs[(4, "mpi", z)]["peak"] for z in (0, 1, 2)]
+    for z, saved in ((1, 8 * TINY_PARAMS * 3 // 4), (2, 4 * TINY_PARAMS * 3 // 4)):
+        if peaks[z - 1] - peaks[z] < saved // 2:
+            problems.append(f"np=4 mpi: zero {z} peak {peaks[z]} is not at least {saved // 2} "
+                            f"below zero {z - 1}'s {peaks[z - 1]}")
+
+    # 3. resuming the 4-rank stage-2 checkpoint of step 3
+    source = os.path.join(runs[(4, "mpi", 2)]["out"], "checkpoints", f"step-{EVERY}.h5")
+    resume = ("--set", f"checkpoint.resume={source}")
+    a = runs[(4, "mpi", 2)]
+    r4 = run("resume-np4-zero0", 4, "mpi", 0, resume)
+    if r4["fields"] != a["fields"][EVERY:] or not same_bits(r4["final"], a["final"]):
+        problems.append("resumed at np=4 zero 0: steps 4-6 or final parameters differ from the "
+                        "stage-2 run's")
+    r2z1 = run("resume-np2-zero1", 2, "mpi", 1, resume)
+    r2z0 = run("resume-np2-zero0", 2, "mpi", 0, resume)
+    if r2z1["fields"] != r2z0["fields"] or not same_bits(r2z1["final"], r2z0["final"]):
+        problems.append("resumed at np=2: zero 1 and zero 0 differ")
+    r1 = run("resume-np1-zero0", 1, "mpi", 0, resume)
+    for name, r in (("np=1 zero 0", r1), ("np=2 zero 1", r2z1)):
+        if [s for s, _, _ in r["fields"]] != list(range(EVERY + 1, STEPS + 1)):
+            problems.append(f"resumed at {name}: logged steps {r['fields']}")
+            continue
+        worst = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(r["fields"], a["fields"][EVERY:]))
+        worst_p = max(np.linalg.norm(r["final"][k].astype(np.float64) - a["final"][k]) /
+                      max(np.linalg.norm(a["final"][k].astype(np.float64)), 1e-30)
+                      for k in a["final"])
+        print(f"resumed at {name} from the np=4 zero 2 checkpoint: losses within {worst:.1e}, "
+              f"parameters within {worst_p:.1e} (relative) of the np=4 run")
+        if worst > TOL or worst_p > TOL:
+            problems.append(f"resumed at {name}: {worst:.2e} / {worst_p:.2e} > {TOL}")
+    if problems:
+        print("\n".join(problems))
+        print("FAILED: the ZeRO stages do not give the same run")
+        return 1
+    print("zero stages: 0 == 1 == 2 bit for bit at np=1/2/4 (mpi, shm); the np=4 zero 2 "
+          "checkpoint resumes at np=4 zero 0 bit for bit, at np=2 zero 1 == zero 0, at np=1 "
+          f"and np=2 within {TOL:g}; peak MB per rank at np=4 " +
+          "/".join(f"{p / 1e6:.1f}" for p in peaks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
