@@ -32,8 +32,7 @@ int run_check(runtime::Runtime& rt, const Command& cmd) {
   const config::Layout planned =
       cmd.check.plan_ranks > 0 ? config::resolve_layout(cfg, cmd.check.plan_ranks) : layout;
   model::PlanOptions options;
-  // parallel.zero_stage: 0 until the deck has the key (issue 30, the ZeRO branch).
-  options.zero_stage = 0;
+  options.zero_stage = cfg.parallel.zero_stage;
   options.bucket_copies = session.backends.comm != runtime::CommBackend::shm;
   const std::string& gpu = rt.device().name;
   if (!cmd.check.host.empty())

@@ -127,16 +127,28 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // copy for the forward and fp32 master weights for the optimizer.
   mem.parameters = low_precision ? full / 2 : full;
   mem.master = low_precision ? shard(options.zero_stage >= 1) : 0;
-  // Stage 2 keeps a shard of the reduced gradients; accumulating micro-batches needs
-  // every parameter's local gradient until the last one, so the whole buffer stays then.
-  mem.gradients = shard(options.zero_stage >= 2 && layout.grad_accum_steps == 1);
+  // Stage 2 keeps a shard of the reduced gradients, and a bucket's pages outside it are
+  // returned once its reduce-scatter completes. When the communication keeps up with the
+  // backward (what the buckets overlap for), the last bucket is the one still in flight at
+  // the end of the backward: the peak is the shard plus one bucket, or the whole buffer
+  // when it makes no more (tiny: one bucket, reduce-scattered after the whole backward).
+  // Communication slower than the backward leaves more buckets resident, up to the whole
+  // buffer: measured on 4 ranks sharing 2 cores, 0.89-1.17 of this (docs/performance.md).
+  // Accumulating micro-batches needs every parameter's local gradient until the last one:
+  // the whole buffer then.
+  const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
+  mem.gradients = options.zero_stage >= 2 && layout.grad_accum_steps == 1
+                      ? std::min(full, shard(true) + bucket)
+                      : full;
   mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
   mem.activations = mm.activations;
   mem.recompute = mm.recompute;
   mem.workspace = mm.workspace;
-  // Two gradient buckets in flight through the communicator.
-  const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
-  mem.comm = D > 1 && options.bucket_copies ? 2 * std::min(bucket, full) : 0;
+  // Two gradient buckets in flight through the communicator (or the whole buffer, when it
+  // makes fewer buckets); ZeRO over MPI: one more on rank 0 (PlanOptions::rank).
+  mem.comm = D > 1 && options.bucket_copies ? std::min(2 * bucket, full) : 0;
+  if (D > 1 && options.bucket_copies && options.zero_stage >= 1 && options.rank == 0)
+    mem.comm += std::min(bucket, full);
 
   // Ring algorithms: an all-reduce sends 2 (p-1)/p of the buffer per rank, a
   // reduce-scatter or an all-gather (p-1)/p.

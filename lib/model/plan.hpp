@@ -64,7 +64,8 @@ const HostRates& host_rates(const std::string& kind);
 struct PlanOptions {
   /// parallel.zero_stage (ZeRO, issue 30): 0 every data rank holds everything; 1 the AdamW
   /// moments and the fp32 master weights are divided by the data ranks; 2 the gradients
-  /// too (each rank keeps its shard plus the buckets in flight).
+  /// too (each rank keeps its shard plus the bucket in flight at the end of the backward;
+  /// the whole buffer when micro-batches are accumulated).
   int zero_stage = 0;
   /// The row of the rate table that predicts the step time.
   std::string host = "cpu";
@@ -72,6 +73,10 @@ struct PlanOptions {
   /// buckets in flight counted as communication buffers); false for the shared-memory sum
   /// (parallel.backend shm), which adds in the flat buffers themselves.
   bool bucket_copies = true;
+  /// The data rank planned for (0: the heaviest). ZeRO over MPI: Open MPI's non-blocking
+  /// reduce-scatter reduces each bucket to rank 0 before scattering it (libnbc), so rank 0
+  /// holds one bucket more than the others (measured, memory_probe).
+  int rank = 0;
 };
 
 /// Bytes one rank sends per optimizer step in one collective of the data group (ring

@@ -11,7 +11,8 @@
 // touches a part of, and Pss counts each shared page once over the ranks that map it, as
 // the plan does. OpenBLAS's own buffers are made by a warm-up product before the baseline,
 // since they are not the run's.
-// usage: memory_probe PRESET MICRO_BATCH RECOMPUTE BACKEND   (BACKEND: mpi | shm)
+// usage: memory_probe PRESET MICRO_BATCH RECOMPUTE BACKEND [ZERO_STAGE]
+//        (BACKEND: mpi | shm; ZERO_STAGE: parallel.zero_stage, 0 when absent)
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
 
@@ -72,17 +73,18 @@ class FormulaStore final : public dst::train::SampleStore {
 };
 
 int probe(int argc, char** argv, int rank, int world) {
-  if (argc != 5) {
+  if (argc != 5 && argc != 6) {
     if (rank == 0)
-      std::fprintf(stderr, "usage: memory_probe PRESET MICRO_BATCH RECOMPUTE mpi|shm\n");
+      std::fprintf(stderr, "usage: memory_probe PRESET MICRO_BATCH RECOMPUTE mpi|shm [ZERO]\n");
     return 2;
   }
   const std::string preset = argv[1], micro = argv[2], recompute = argv[3], backend = argv[4];
+  const std::string zero = argc == 6 ? argv[5] : "0";
   const auto cfg = dst::config::load_deck_text(
       "model: {preset: " + preset + "}\ntraining: {micro_batch_size: " + micro +
           ", global_batch_size: " + std::to_string(std::stoi(micro) * world) +
           ", max_steps: 2, recompute: " + recompute + "}\nparallel: {backend: " + backend +
-          "}\ndebug: {consistency_every: 0}\n",
+          ", zero_stage: " + zero + "}\ndebug: {consistency_every: 0}\n",
       "memory_probe");
   const dst::config::Layout layout = dst::config::resolve_layout(cfg, world);
   dst::comm::ProcessGroups groups = dst::comm::make_process_groups(MPI_COMM_WORLD, layout, 120.0);
@@ -97,6 +99,8 @@ int probe(int argc, char** argv, int rank, int world) {
   options.grad_comm = shm ? dst::runtime::CommBackend::shm : dst::runtime::CommBackend::mpi;
   dst::model::PlanOptions plan_options;
   plan_options.bucket_copies = !shm;
+  plan_options.zero_stage = cfg.parallel.zero_stage;
+  plan_options.rank = groups.data->rank();  // each rank against its own plan
   const dst::model::Plan plan = dst::model::make_plan(cfg, layout, plan_options);
 
   MPI_Barrier(MPI_COMM_WORLD);
@@ -125,12 +129,17 @@ int probe(int argc, char** argv, int rank, int world) {
     const auto [mlo, mhi] = std::minmax_element(mibs.begin(), mibs.end());
     ok = *lo > 0.9 && *hi < 1.1;
     std::printf(
-        "memory_probe %s micro-batch %s recompute %s np%d %s: planned %.1f MiB per rank "
+        "memory_probe %s micro-batch %s recompute %s zero %d np%d %s: planned %.1f MiB on rank 0 "
         "(activations %.1f, recomputed %.1f), measured %.1f .. %.1f MiB (ratio %.3f .. %.3f)%s\n",
-        preset.c_str(), micro.c_str(), recompute.c_str(), world, shm ? "shm" : "mpi", plan_mib,
+        preset.c_str(), micro.c_str(), recompute.c_str(), static_cast<int>(cfg.parallel.zero_stage),
+        world, shm ? "shm" : "mpi", plan_mib,
         static_cast<double>(plan.memory.activations) / 1048576.0,
         static_cast<double>(plan.memory.recompute) / 1048576.0, *mlo, *mhi, *lo, *hi,
         ok ? "" : " OUTSIDE 10%");
+    std::printf("memory_probe: measured / planned MiB by rank:");
+    for (std::size_t r = 0; r < mibs.size(); ++r)
+      std::printf(" %.1f / %.1f", mibs[r], mibs[r] / ratios[r]);
+    std::printf("\n");
   }
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   return ok ? 0 : 1;

@@ -142,16 +142,23 @@ TEST(Plan, ZeroStagesDivideWhatOnlyTheOptimizerStepReads) {
   EXPECT_EQ(z1.memory.optimizer, 2 * (P / 8));
   EXPECT_EQ(z1.memory.master, P / 8);
   EXPECT_EQ(z1.memory.gradients, P);
-  EXPECT_EQ(z2.memory.gradients, P / 8);
+  // Stage 2: the shard and the bucket in flight at the end of the backward.
+  const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
+  EXPECT_EQ(z2.memory.gradients, P / 8 + bucket);
   EXPECT_EQ(z2.memory.parameters, z0.memory.parameters);  // the forward reads every weight
   EXPECT_EQ(z2.memory.activations, z0.memory.activations);
-  // Bytes per parameter: 2 + 4 + 12 (replicas), 2 + 4 + 12/8 (stage 1), 2 + 16/8 (stage 2).
+  // Bytes per parameter: 2 + 4 + 12 (replicas), 2 + 4 + 12/8 (stage 1), 2 + 16/8 (stage 2,
+  // and the bucket in flight).
   const auto model_bytes = [](const dst::model::MemoryPlan& m) {
     return m.parameters + m.master + m.gradients + m.optimizer;
   };
   EXPECT_EQ(model_bytes(z0.memory), 18 * (P / 4));
   EXPECT_EQ(model_bytes(z1.memory), P / 2 + P + 3 * (P / 8));
-  EXPECT_EQ(model_bytes(z2.memory), P / 2 + 4 * (P / 8));
+  EXPECT_EQ(model_bytes(z2.memory), P / 2 + 4 * (P / 8) + bucket);
+  // A buffer of no more than the shard and one bucket stays whole.
+  dst::config::RunConfig one_bucket = c;
+  one_bucket.parallel.bucket_mb = 1.0e5;
+  EXPECT_EQ(dst::model::make_plan(one_bucket, dp8, o).memory.gradients, P);
   // The same bytes on the wire per rank: an all-reduce is a reduce-scatter plus an
   // all-gather, and stage 1/2 gathers the 16-bit parameters instead of fp32 gradients.
   ASSERT_EQ(z0.collectives.size(), 2u);
