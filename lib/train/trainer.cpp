@@ -112,8 +112,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     shared_ = std::make_unique<comm::SharedSum>(
         *groups.data, elements, GradBuckets::bucket_count_for(elements, bucket_bytes) + 1, 2);
   }
-  // ZeRO: one data rank has nothing to shard (the stage does nothing: say so); a device's
-  // gradients and moments would need the NCCL back end's shard collectives (not built).
+  // ZeRO: one data rank has nothing to shard (the stage does nothing: say so). A device's
+  // gradients and moments: the NCCL back end has the shard collectives, but the path here
+  // (buckets onto shards, shard norm, checkpoint gathers, stage 2's pages) is host-only.
   zero_stage_ = static_cast<int>(config.parallel.zero_stage);
   if (zero_stage_ > 0 && groups.data->size() == 1) {
     if (groups.world->rank() == 0)
