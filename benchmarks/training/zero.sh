@@ -10,6 +10,7 @@
 # memory of rank 0 (peak_mem_bytes: no checkpoint in the runs, so nothing gathered).
 # Prints the medians per stage and each stage's tokens/s against stage 0's.
 # usage: benchmarks/training/zero.sh [BUILD_DIR] [REPETITIONS] [tiny|small] [STEPS] [mpi|shm]
+#        [fp32|bf16|fp16] (training.precision; bf16/fp16 shard the fp32 master at stage >= 1)
 #   tiny: micro-batch 8 x 256 per rank; small: 1 x 512 per rank (ddp_compare.sh's shapes).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +20,7 @@ reps=${2:-5}
 preset=${3:-small}
 steps=${4:-12}
 backend=${5:-mpi}
+precision=${6:-fp32}
 case $preset in
   tiny) seq=256 micro=8 ;;
   small) seq=512 micro=1 ;;
@@ -27,6 +29,10 @@ esac
 case $backend in
   mpi | shm) ;;
   *) echo "zero.sh: BACKEND must be mpi or shm, not '$backend'" >&2; exit 2 ;;
+esac
+case $precision in
+  fp32 | bf16 | fp16) ;;
+  *) echo "zero.sh: PRECISION must be fp32, bf16 or fp16, not '$precision'" >&2; exit 2 ;;
 esac
 if ((steps < 2 || steps % 2)); then
   echo "zero.sh: STEPS must be even and at least 2" >&2
@@ -50,6 +56,7 @@ for ((i = 1; i <= reps; i++)); do
       --set eval.every_steps=0 --set eval.batches=1 --set debug.consistency_every=0 \
       --set checkpoint.every_steps=0 --set checkpoint.keep_last=1 \
       --set "parallel.backend=$backend" --set "parallel.zero_stage=$zero" \
+      --set "training.precision=$precision" \
       --set "run.output_dir=$out" >"$out.log" 2>&1 || {
       cat "$out.log" >&2
       echo "zero.sh: the zero_stage $zero run $i failed" >&2
@@ -57,11 +64,12 @@ for ((i = 1; i <= reps; i++)); do
     }
   done
 done
-python3 - "$work" "$reps" "$preset" "$seq" "$micro" "$steps" "$backend" <<'PY'
+python3 - "$work" "$reps" "$preset" "$seq" "$micro" "$steps" "$backend" "$precision" <<'PY'
 import glob, json, statistics, sys
-work, reps, preset, seq, micro, steps, backend = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+work, reps, preset, seq, micro, steps, backend, precision = (sys.argv[1], int(sys.argv[2]),
+                                                             *sys.argv[3:])
 steps = int(steps)
-print(f"{preset}, 2 ranks ({backend}), micro-batch {micro} x {seq} per rank, {steps} steps; "
+print(f"{preset} {precision}, 2 ranks ({backend}), micro-batch {micro} x {seq} per rank, {steps} steps; "
       f"medians of {reps} runs per stage, orders rotated (rank 0; tokens/s of steps "
       f"{steps // 2 + 1}-{steps})")
 print("| zero_stage | tokens/s (runs) | vs stage 0 | exposed comm ms | optimizer ms | peak MB |")

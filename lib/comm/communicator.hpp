@@ -126,8 +126,8 @@ class Communicator {
   /// all ranks; the rest of `buf` is undefined (the back end may have used it). The
   /// summation order is the back end's: for Open MPI 4.1 that of its in-place
   /// iallreduce, so the bits of iallreduce (docs/performance.md, "ZeRO").
-  /// The base class throws dst::Error naming the group: a back end without it (NCCL)
-  /// cannot run ZeRO, which the trainer refuses before it gets here.
+  /// The base class throws dst::Error naming the group (a back end without it cannot run
+  /// ZeRO); MPI and NCCL implement it.
   virtual Request ireduce_scatter_blocks(void* buf, const std::vector<std::size_t>& counts,
                                          DType type, ReduceOp op);
   /// All-gather in place with blocks of unequal sizes: this rank's block of `buf` (rank

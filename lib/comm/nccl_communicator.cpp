@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/nccl_bootstrap.hpp"
 #include "comm/op_info.hpp"
@@ -168,6 +169,38 @@ class NcclRequest final : public Request::Impl {
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
 };
+
+/// Elements of every block together.
+std::size_t total_of(const std::vector<std::size_t>& counts) {
+  std::size_t n = 0;
+  for (const std::size_t c : counts)
+    n += c;
+  return n;
+}
+
+/// One grouped NCCL call per non-empty block of `buf` (rank order, counts[r] elements of
+/// `element_bytes` for rank r): `call(block, count, owner)` returns its ncclResult_t.
+/// Returns the first failure, or ncclGroupEnd's result (ncclInProgress on a non-blocking
+/// communicator until every call is issued).
+template <typename Call>
+ncclResult_t grouped_blocks(void* buf, const std::vector<std::size_t>& counts,
+                            std::size_t element_bytes, const Call& call) {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  std::size_t at = 0;
+  for (std::size_t owner = 0; owner < counts.size(); ++owner) {
+    if (counts[owner] > 0) {
+      r = call(static_cast<char*>(buf) + at * element_bytes, counts[owner],
+               static_cast<int>(owner));
+      if (r != ncclSuccess && r != ncclInProgress) {
+        (void)ncclGroupEnd();  // closes the group; the caller aborts the communicator
+        return r;
+      }
+    }
+    at += counts[owner];
+  }
+  return ncclGroupEnd();
+}
 
 std::string group_text(const std::string& name, int size) {
   return "group '" + name + "' (" + std::to_string(size) + (size == 1 ? " rank)" : " ranks)");
@@ -334,6 +367,55 @@ Request NcclCommunicator::ibroadcast(void* buf, std::size_t count, DType type, i
   enqueue(
       describe,
       [&] { return static_cast<int>(ncclBroadcast(buf, buf, count, dt, root, comm_, stream_)); },
+      {}, request->event());
+  return Request(std::move(request));
+}
+
+Request NcclCommunicator::ireduce_scatter_blocks(void* buf, const std::vector<std::size_t>& counts,
+                                                 DType type, ReduceOp op) {
+  const std::size_t mine = counts.size() > static_cast<std::size_t>(rank_) ? counts[rank_] : 0;
+  const OpInfo info{OpKind::reduce_scatter_blocks, op, total_of(counts), type,
+                    static_cast<int>(mine)};
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
+  check_usable(describe);
+  if (counts.size() != static_cast<std::size_t>(size_))
+    throw Error(describe() + ": " + std::to_string(counts.size()) + " block sizes for " +
+                std::to_string(size_) + " ranks");
+  const ncclDataType_t dt = nccl_type(type);
+  const ncclRedOp_t red = nccl_op(op);
+  auto request = std::make_unique<NcclRequest>(*this, info);
+  enqueue(
+      describe,
+      [&] {
+        return static_cast<int>(grouped_blocks(
+            buf, counts, dtype_size(type), [&](void* block, std::size_t count, int owner) {
+              return ncclReduce(block, block, count, dt, red, owner, comm_, stream_);
+            }));
+      },
+      {}, request->event());
+  return Request(std::move(request));
+}
+
+Request NcclCommunicator::iallgather_blocks(void* buf, const std::vector<std::size_t>& counts,
+                                            DType type) {
+  const std::size_t mine = counts.size() > static_cast<std::size_t>(rank_) ? counts[rank_] : 0;
+  const OpInfo info{OpKind::allgather_blocks, ReduceOp::sum, total_of(counts), type,
+                    static_cast<int>(mine)};
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
+  check_usable(describe);
+  if (counts.size() != static_cast<std::size_t>(size_))
+    throw Error(describe() + ": " + std::to_string(counts.size()) + " block sizes for " +
+                std::to_string(size_) + " ranks");
+  const ncclDataType_t dt = nccl_type(type);
+  auto request = std::make_unique<NcclRequest>(*this, info);
+  enqueue(
+      describe,
+      [&] {
+        return static_cast<int>(grouped_blocks(
+            buf, counts, dtype_size(type), [&](void* block, std::size_t count, int owner) {
+              return ncclBroadcast(block, block, count, dt, owner, comm_, stream_);
+            }));
+      },
       {}, request->event());
   return Request(std::move(request));
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
 
@@ -70,6 +71,15 @@ class NcclCommunicator final : public Communicator {
   Request ibroadcast(void* buf, std::size_t count, DType type, int root) override;
   /// A 1-element allreduce on a scratch word: complete when every rank has reached it.
   Request ibarrier() override;
+  /// ZeRO's shard collectives (Communicator), in place on `buf` (device memory): one
+  /// ncclReduce of each rank's block to that rank, all in one ncclGroupStart/End on the
+  /// communicator's stream, so they run as one operation. The summation order is NCCL's
+  /// reduce's, not necessarily its all-reduce's: the bits may differ from iallreduce's.
+  /// Throws dst::Error unless `counts` has one entry per rank.
+  Request ireduce_scatter_blocks(void* buf, const std::vector<std::size_t>& counts, DType type,
+                                 ReduceOp op) override;
+  /// One ncclBroadcast of each rank's block from that rank, grouped as above.
+  Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type) override;
 
   /// The stream whose work a collective waits for before it starts (a cudaStream_t;
   /// nullptr: the legacy default stream). Typically the stream the backward pass runs on.

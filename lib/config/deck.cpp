@@ -329,8 +329,9 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
         s(c.parallel.pipeline) +
             " is not supported yet: pipeline parallelism is not implemented (issue 31)");
 
-  // ZeRO's shard collectives exist for host memory (MPI, shm) only; a GPU run that
-  // resolves auto to NCCL is refused by the trainer, which knows the back end.
+  // The trainer's ZeRO path works on host memory (MPI, shm) only (the NCCL back end has
+  // the shard collectives, not yet run on a GPU); a GPU run that resolves auto to NCCL is
+  // refused by the trainer, which knows the back end.
   if (c.parallel.zero_stage > 0 && c.parallel.backend == ParallelBackend::nccl)
     fail_combination(given, fallback, {"parallel.zero_stage", "parallel.backend"},
                      "parallel.zero_stage " + s(c.parallel.zero_stage) +

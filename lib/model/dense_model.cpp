@@ -1,6 +1,7 @@
 #include "model/dense_model.hpp"
 
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
@@ -35,6 +36,8 @@ struct DenseModel::Impl {
   // the shape and the run need not be bitwise deterministic. It keeps (B, H, T) softmax
   // statistics instead of the (B, H, T, T) probabilities and their gradient.
   bool fused = false;
+  // The parameter buffer is the compute copy; the master is outside (the constructor).
+  bool master_outside = false;
   Arena compute{"compute parameters", Arena::Mode::plan};
 
   std::vector<BlockActs> layer;
@@ -106,7 +109,7 @@ struct DenseModel::Impl {
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
                        bool deterministic, float* gradient_memory, float* param_memory,
-                       config::Recompute recompute)
+                       config::Recompute recompute, bool master_outside)
     : impl_(std::make_unique<Impl>(m)),
       params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(), mode, ctx,
                                            gradient_memory, param_memory)),
@@ -156,7 +159,12 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
           Arena("recomputed activations", Arena::Mode::allocate, recomputed_bytes, dev, ctx.stream);
     s.take_all();
     s.rope.fill(s.c.ctx, m.rope_theta);
-    if (storage != DType::f32) {
+    if (storage != DType::f32 && master_outside) {
+      // The compute copy is the parameter buffer itself (the master's shard is the
+      // optimizer's): rounded in place.
+      s.master_outside = true;
+      refresh_compute_params();
+    } else if (storage != DType::f32) {
       // The host emulation keeps the rounded copy in f32 (a 16-bit back end: half the
       // bytes; plan.cpp counts those). Filled by refresh_compute_params().
       const std::size_t n = params_->buffer_elements();
@@ -181,12 +189,34 @@ bool DenseModel::fused_attention() const {
 
 void DenseModel::refresh_compute_params() {
   Impl& s = *impl_;
+  if (s.master_outside) {
+    kernels::round_to_storage(s.c.ctx, params_->params_flat(), s.c.storage);
+    return;
+  }
   if (!s.c.compute_base) return;
   const std::size_t n = params_->buffer_elements();
   tensor::copy(s.c.ctx, s.c.compute_base, params_->params_data(), n * sizeof(float));
   Tensor all = params_->params_flat();
   all.data = s.c.compute_base;
   kernels::round_to_storage(s.c.ctx, all, s.c.storage);
+}
+
+void DenseModel::refresh_compute_params(const float* master, std::size_t first, std::size_t last) {
+  Impl& s = *impl_;
+  if (!s.master_outside)
+    throw Error(
+        "model::DenseModel::refresh_compute_params: this model keeps its own master "
+        "parameters (constructed without master_outside, or for f32)");
+  if (first > last || last > params_->buffer_elements())
+    throw Error("model::DenseModel::refresh_compute_params: elements [" + std::to_string(first) +
+                ", " + std::to_string(last) + ") are not within the " +
+                std::to_string(params_->buffer_elements()) + " of the parameter buffer");
+  if (first == last) return;
+  Tensor part = params_->params_flat();  // (last - first) of the flat buffer
+  part.shape = tensor::Shape{static_cast<std::int64_t>(last - first)};
+  part.data = params_->params_data() + first;
+  tensor::copy(s.c.ctx, part.ptr<float>(), master, (last - first) * sizeof(float));
+  kernels::round_to_storage(s.c.ctx, part, s.c.storage);
 }
 
 ModelMemory DenseModel::memory() const {

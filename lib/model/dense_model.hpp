@@ -53,11 +53,16 @@ class DenseModel {
   /// `gradient_memory`, `param_memory`: see ParamStore (the data group's shared-memory
   /// buffers). `recompute` (training.recompute): which activations are not kept but
   /// recomputed in backward; the losses and gradients are the same bit for bit, only the
-  /// memory (memory()) and the backward's time differ.
+  /// memory (memory()) and the backward's time differ. `master_outside` (ZeRO stage >= 1
+  /// with bf16/fp16): the fp32 master parameters are kept outside the model (each data
+  /// rank's optimizer holds its shard of them), and the parameter buffer (params()) *is*
+  /// the compute copy: no second parameter-sized buffer; refresh_compute_params() rounds
+  /// it in place. Nothing changes for f32.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
              tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
              bool deterministic = true, float* gradient_memory = nullptr,
-             float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none);
+             float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none,
+             bool master_outside = false);
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -73,7 +78,15 @@ class DenseModel {
   /// Copies the fp32 master parameters (params()) into the compute copy, rounded to the
   /// storage type. Call after every change of the master parameters (initialisation, an
   /// optimizer step, a restore) and before the next forward. Nothing to do for f32.
+  /// With the master outside (constructor): rounds params() in place, which the caller
+  /// has filled with master values (initialisation, a restore).
   void refresh_compute_params();
+  /// With the master outside: the compute copy of the flat-buffer elements
+  /// [first, last) from `master` (elements [first, last) of the master, host or device
+  /// memory as the buffers), rounded: a rank's shard after its optimizer step, before the
+  /// all-gather of the compute copy. Throws dst::Error for a model without the master
+  /// outside or a range outside the buffer.
+  void refresh_compute_params(const float* master, std::size_t first, std::size_t last);
   std::int64_t batch() const { return B_; }
   std::int64_t seq_len() const { return T_; }
 

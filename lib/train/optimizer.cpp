@@ -23,11 +23,12 @@ AdamW::AdamW(const config::OptimizerSection& opt, const model::ParamStore& store
     : AdamW(opt, store, 0, store.buffer_elements()) {}
 
 AdamW::AdamW(const config::OptimizerSection& opt, const model::ParamStore& store, std::size_t first,
-             std::size_t last)
+             std::size_t last, bool master)
     : opt_(opt),
       elements_(store.buffer_elements()),
       first_(first),
       last_(checked_last(store, first, last)),
+      has_master_(master),
       m_("adamw first moments",
          store.planning() ? tensor::Arena::Mode::plan : tensor::Arena::Mode::allocate,
          (last - first) * sizeof(float), tensor::device_of(store.context()),
@@ -35,7 +36,11 @@ AdamW::AdamW(const config::OptimizerSection& opt, const model::ParamStore& store
       v_("adamw second moments",
          store.planning() ? tensor::Arena::Mode::plan : tensor::Arena::Mode::allocate,
          (last - first) * sizeof(float), tensor::device_of(store.context()),
-         store.context().stream) {
+         store.context().stream),
+      master_("adamw master parameters",
+              store.planning() ? tensor::Arena::Mode::plan : tensor::Arena::Mode::allocate,
+              master ? (last - first) * sizeof(float) : 0, tensor::device_of(store.context()),
+              store.context().stream) {
   ranges_.reserve(store.size());
   for (const auto& s : store.specs())
     ranges_.push_back(Range{s.offset, s.shape, s.weight_decay});
@@ -44,6 +49,7 @@ AdamW::AdamW(const config::OptimizerSection& opt, const model::ParamStore& store
   if (n == 0) return;  // an empty shard: no moments at all
   m_.take("flat first moments", {n}, DType::f32);
   v_.take("flat second moments", {n}, DType::f32);
+  if (has_master_) master_.take("flat master parameters", {n}, DType::f32);
 }
 
 tensor::Tensor AdamW::view(const tensor::Arena& arena, std::size_t i) const {
@@ -81,8 +87,12 @@ tensor::Tensor AdamW::v(std::size_t i) const {
 }
 
 AdamWState AdamW::state() const {
-  return AdamWState{static_cast<float*>(m_.base()), static_cast<float*>(v_.base()), first_,
-                    last_ - first_, step_};
+  return AdamWState{static_cast<float*>(m_.base()),
+                    static_cast<float*>(v_.base()),
+                    first_,
+                    last_ - first_,
+                    step_,
+                    has_master_ ? static_cast<float*>(master_.base()) : nullptr};
 }
 
 void AdamW::set_step_count(std::int64_t steps) {
@@ -123,7 +133,8 @@ void AdamW::step(const tensor::ExecContext& ctx, model::ParamStore& store, doubl
     const std::size_t begin = ranges_[i].offset;
     const auto numel = static_cast<std::size_t>(ranges_[i].shape.numel());
     if (first <= begin && begin + numel <= last) {  // the whole tensor
-      kernels::adamw_step(ctx, store.param(i), store.grad(i), m(i), v(i), h);
+      kernels::adamw_step(ctx, has_master_ ? view(master_, i) : store.param(i), store.grad(i), m(i),
+                          v(i), h);
       continue;
     }
     const std::size_t a = std::max(begin, first), b = std::min(begin + numel, last);
@@ -135,8 +146,8 @@ void AdamW::step(const tensor::ExecContext& ctx, model::ParamStore& store, doubl
       p.data = t.ptr<float>() + (a - begin);
       return p;
     };
-    kernels::adamw_step(ctx, part(store.param(i)), part(store.grad(i)), piece(m_, a, b),
-                        piece(v_, a, b), h);
+    kernels::adamw_step(ctx, has_master_ ? piece(master_, a, b) : part(store.param(i)),
+                        part(store.grad(i)), piece(m_, a, b), piece(v_, a, b), h);
   }
   // Counted only once every tensor has stepped: a throw above leaves t unchanged (the
   // first kernel call validates the hyper-parameters, before any tensor changes).

@@ -26,6 +26,9 @@ struct AdamWState {
   std::size_t elements = 0;  ///< ParamStore::buffer_elements() (padding included), or the
                              ///< shard's size
   std::int64_t step = 0;     ///< optimizer steps taken (the next step is step + 1)
+  /// (elements) the fp32 master parameters of the shard, ParamStore layout from `first`,
+  /// when the optimizer holds them (the ZeRO constructor with `master`); else nullptr.
+  float* master = nullptr;
 };
 
 /// torch.optim.AdamW over every parameter tensor of a ParamStore, with one parameter
@@ -39,9 +42,12 @@ class AdamW {
   AdamW(const config::OptimizerSection& opt, const model::ParamStore& store);
   /// ZeRO (parallel.zero_stage >= 1): moments for the flat-buffer elements [first, last)
   /// only, this rank's shard; step() may then update only elements within it. Throws
-  /// dst::Error for a range outside the buffer.
+  /// dst::Error for a range outside the buffer. `master` (bf16/fp16 training): the
+  /// optimizer also holds the fp32 master parameters of the shard (state().master, to be
+  /// filled by the caller), and step() updates those instead of the store's parameter
+  /// buffer, which then holds the rounded compute copy (docs/performance.md, "ZeRO").
   AdamW(const config::OptimizerSection& opt, const model::ParamStore& store, std::size_t first,
-        std::size_t last);
+        std::size_t last, bool master = false);
 
   /// One step: increments the step count t, then for each tensor runs kernels::adamw_step
   /// at t with lr and grad_scale (multiplies every gradient first: 1 / loss scale times
@@ -54,7 +60,8 @@ class AdamW {
   /// rank's part when the ranks of a node share the update (the trainer gathers the
   /// parameters afterwards); the other elements of the parameters and moments are left
   /// as they are. Element by element the arithmetic of step(), so the same bits. Throws
-  /// dst::Error for a range outside the buffer.
+  /// dst::Error for a range outside the buffer. With a master shard (has_master()) the
+  /// parameters updated are the master's, and `store`'s parameter buffer is not touched.
   void step(const tensor::ExecContext& ctx, model::ParamStore& store, double lr, double grad_scale,
             std::size_t first, std::size_t last);
 
@@ -66,6 +73,8 @@ class AdamW {
   AdamWState state() const;
   /// True when the moments cover part of the buffer only (the ZeRO constructor).
   bool sharded() const { return first_ != 0 || last_ != elements_; }
+  /// True when the optimizer holds the fp32 master parameters of its shard.
+  bool has_master() const { return has_master_; }
   /// The moments of tensor i, views at spec(i).offset. Throws dst::Error for a tensor not
   /// wholly in the moments' range (sharded()).
   tensor::Tensor m(std::size_t i) const;
@@ -75,6 +84,8 @@ class AdamW {
   bool planning() const { return m_.planning(); }
   /// Bytes of the two moment buffers (what `check` reports as optimizer memory).
   std::size_t bytes() const { return m_.used_bytes() + v_.used_bytes(); }
+  /// Bytes of the master shard (0 without one).
+  std::size_t master_bytes() const { return master_.used_bytes(); }
 
  private:
   struct Range {
@@ -91,8 +102,10 @@ class AdamW {
   std::size_t elements_ = 0;          ///< of the parameter store's flat buffers
   std::size_t first_ = 0, last_ = 0;  ///< the moments' range of them
   std::int64_t step_ = 0;
+  bool has_master_ = false;
   tensor::Arena m_;
   tensor::Arena v_;
+  tensor::Arena master_;  ///< the shard's fp32 master parameters (has_master_), else empty
 };
 
 }  // namespace dst::train

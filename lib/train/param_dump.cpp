@@ -17,14 +17,16 @@ namespace {
 
 /// The tensors and the `step` attribute into the open file `f` (`where` names it).
 void write_contents(hid_t f, const model::ParamStore& store, std::int64_t step,
-                    const std::string& where) {
+                    const std::string& where, const float* values) {
   h5::Handle g(DST_H5(H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where));
   std::vector<float> host;  // a device's tensor, copied down
   for (std::size_t i = 0; i < store.size(); ++i) {
     const auto& spec = store.spec(i);
     const tensor::Tensor t = store.param(i);
     const void* data = t.data;
-    if (t.device != tensor::Device::host) {
+    if (values) {
+      data = values + spec.offset;
+    } else if (t.device != tensor::Device::host) {
       host.resize(static_cast<std::size_t>(t.numel()));
       tensor::download(store.context(), t, host.data());
       data = host.data();
@@ -49,15 +51,15 @@ void write_contents(hid_t f, const model::ParamStore& store, std::int64_t step,
 
 }  // namespace
 
-void write_parameters_h5(const std::string& path, const model::ParamStore& store,
-                         std::int64_t step) {
+void write_parameters_h5(const std::string& path, const model::ParamStore& store, std::int64_t step,
+                         const float* values) {
   const std::string tmp = path + ".tmp";
   const std::string where = "parameter dump '" + tmp + "'";
   {
     h5::Lock lock;
     try {
       h5::Handle f(DST_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), where));
-      write_contents(f.get(), store, step, where);
+      write_contents(f.get(), store, step, where, values);
       f.close_checked(where, h5::raise_error);
     } catch (const Error&) {
       std::remove(tmp.c_str());

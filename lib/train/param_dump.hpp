@@ -15,8 +15,10 @@ namespace dst::train {
 
 /// Writes `path` (via `path.tmp` and a rename, so a partial file never has the name).
 /// Serial HDF5: call it on one rank (it holds h5::Lock). Throws dst::Error naming the file
-/// and the failed HDF5 call on failure, leaving no file behind.
-void write_parameters_h5(const std::string& path, const model::ParamStore& store,
-                         std::int64_t step);
+/// and the failed HDF5 call on failure, leaving no file behind. `values` (if given): host
+/// memory of store.buffer_elements() f32 in the store's layout, written instead of the
+/// store's parameters (the fp32 master gathered whole, Trainer::master_parameters()).
+void write_parameters_h5(const std::string& path, const model::ParamStore& store, std::int64_t step,
+                         const float* values = nullptr);
 
 }  // namespace dst::train

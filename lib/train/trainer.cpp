@@ -112,8 +112,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     shared_ = std::make_unique<comm::SharedSum>(
         *groups.data, elements, GradBuckets::bucket_count_for(elements, bucket_bytes) + 1, 2);
   }
-  // ZeRO: one data rank has nothing to shard (the stage does nothing: say so); a device's
-  // gradients and moments would need the NCCL back end's shard collectives (not built).
+  // ZeRO: one data rank has nothing to shard (the stage does nothing: say so). A device's
+  // gradients and moments: the NCCL back end has the shard collectives, but the path here
+  // (buckets onto shards, shard norm, checkpoint gathers, stage 2's pages) is host-only.
   zero_stage_ = static_cast<int>(config.parallel.zero_stage);
   if (zero_stage_ > 0 && groups.data->size() == 1) {
     if (groups.world->rank() == 0)
@@ -145,11 +146,14 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     (void)::madvise(aligned, bytes, MADV_HUGEPAGE);  // advice: without it, 4 KiB pages
     grad_pages_ = std::shared_ptr<void>(aligned, [p, mapped](void*) { ::munmap(p, mapped); });
   }
+  // ZeRO with bf16/fp16: the optimizer holds the master's shard, the model's parameter
+  // buffer is the compute copy (no master elsewhere).
+  master_shard_ = zero_stage_ > 0 && config.training.precision != config::Precision::fp32;
   model_ = std::make_unique<model::DenseModel>(
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
       storage_type(config.training.precision), config.debug.deterministic,
       shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
-      shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute);
+      shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_);
   // One rank alone has nothing to share: it updates its own parameters.
   if (shared_ && shared_->size() > 1) {
     shared_update_ = shared_.get();
@@ -164,7 +168,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     shard_first_ = shards_->first(groups.data->rank());
     shard_last_ = shards_->last(groups.data->rank());
     optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params(), shard_first_,
-                                         shard_last_);
+                                         shard_last_, master_shard_);
   } else {
     optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   }
@@ -226,8 +230,27 @@ double Trainer::gather_parameters() {
 }
 
 void Trainer::initialize_parameters() {
-  model_->params().initialize(cfg_.run.seed);
+  auto& ps = model_->params();
+  ps.initialize(cfg_.run.seed);
+  if (master_shard_) {
+    // The master's shard from the fp32 values, then the buffer rounded in place.
+    const AdamWState st = optimizer_->state();
+    tensor::copy(ctx_, st.master, ps.params_data() + st.first, st.elements * sizeof(float));
+  }
   model_->refresh_compute_params();
+}
+
+void Trainer::gather_master(float* whole) const {
+  const AdamWState st = optimizer_->state();
+  std::copy(st.master, st.master + st.elements, whole + st.first);
+  groups_.data->iallgather_blocks(whole, shards_->sizes(), DType::f32).wait();
+}
+
+std::vector<float> Trainer::master_parameters() const {
+  if (!master_shard_) return {};
+  std::vector<float> whole(model_->params().buffer_elements());
+  gather_master(whole.data());
+  return whole;
 }
 
 StepStats Trainer::step() {
@@ -239,6 +262,7 @@ StepStats Trainer::step() {
     // ZeRO: the moments gathered whole for the last checkpoint are no longer viewed.
     std::vector<float>().swap(host_m_);
     std::vector<float>().swap(host_v_);
+    if (master_shard_) std::vector<float>().swap(host_params_);
   }
   const std::int64_t micro = cfg_.training.micro_batch_size;
   const std::int64_t T = cfg_.data.seq_len;
@@ -380,17 +404,23 @@ StepStats Trainer::step() {
       comm::SharedSum::part_of(ps.buffer_elements(), shared_update_->size(), shared_update_->rank(),
                                first, last);
       optimizer_->step(ctx_, ps, st.lr, scale * factor, first, last);
+      // A master shard: the rounded copy of the shard is what the ranks gather.
+      if (master_shard_) model_->refresh_compute_params(optimizer_->state().master, first, last);
       shared_update_->igather(gather_slot_, 0, ps.buffer_elements(), kParamBuffer).wait();
     } else if (zero_mpi) {
       // The shard's update, then every shard into every rank's parameters: communication
-      // (the phase's t_comm), not the optimizer's time.
+      // (the phase's t_comm), not the optimizer's time. A master shard: the rounded copy
+      // of the shard is what the ranks gather.
       optimizer_->step(ctx_, ps, st.lr, scale * factor, shard_first_, shard_last_);
+      if (master_shard_)
+        model_->refresh_compute_params(optimizer_->state().master, shard_first_, shard_last_);
       gathered_s = gather_parameters();
     } else {
       optimizer_->step(ctx_, ps, st.lr, scale * factor);
     }
-    model_->refresh_compute_params();  // the rounded copy of the new master parameters
-    tensor::synchronize(ctx_);         // the optimizer's phase ends when a device has run it
+    // The rounded copy of the new master parameters (a master shard: gathered above).
+    if (!master_shard_) model_->refresh_compute_params();
+    tensor::synchronize(ctx_);  // the optimizer's phase ends when a device has run it
     if (loss_scaling_ && scaler_.update(false) && groups_.world->rank() == 0) {
       std::ostringstream os;
       os << "loss scale " << scaler_.scale() / LossScaler::kGrowthFactor << " -> "
@@ -459,6 +489,11 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
       std::copy(own, own + st.elements, h->data() + st.first);
       groups_.data->iallgather_blocks(h->data(), shards_->sizes(), DType::f32).wait();
     }
+    // A master shard: the parameters too (the model's buffer holds the rounded copy).
+    if (master_shard_) {
+      host_params_.resize(n);
+      if (copy_from_device) gather_master(host_params_.data());
+    }
   } else if (!on_host) {
     const std::size_t n = ps.buffer_elements();
     const std::size_t bytes = n * sizeof(float);
@@ -474,8 +509,9 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
     const tensor::Shape& sh = ps.spec(i).shape;
     std::vector<std::int64_t> shape(sh.dims.begin(), sh.dims.begin() + sh.rank);
     const bool moment = prefix != "params/";
-    float* data = moment && sharded ? nullptr : t.ptr<float>();
-    if (!on_host || (moment && sharded)) {
+    const bool gathered = sharded && (moment || master_shard_);  // whole in a host copy
+    float* data = gathered ? nullptr : t.ptr<float>();
+    if (!on_host || gathered) {
       // The same offset into the host copy of the same flat buffer.
       const std::vector<float>& h = prefix == "params/"              ? host_params_
                                     : prefix == "optimizer/exp_avg/" ? host_m_
@@ -564,6 +600,16 @@ void Trainer::restore(ckpt::Reader& reader) {
               host_v_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.v);
     std::vector<float>().swap(host_m_);
     std::vector<float>().swap(host_v_);
+    if (master_shard_) {
+      // The master's shard, and the whole into the parameter buffer, which
+      // refresh_compute_params() below rounds in place.
+      const auto& ps = model_->params();
+      std::copy(host_params_.begin() + static_cast<std::ptrdiff_t>(st.first),
+                host_params_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements),
+                st.master);
+      std::copy(host_params_.begin(), host_params_.end(), ps.params_data());
+      std::vector<float>().swap(host_params_);
+    }
   } else if (tensor::device_of(ctx_) != tensor::Device::host) {
     const auto& ps = model_->params();
     const std::size_t bytes = ps.buffer_elements() * sizeof(float);

@@ -153,6 +153,11 @@ class Trainer {
   /// The dynamic loss scaler (state meaningful only when loss_scaling()).
   const LossScaler& loss_scaler() const { return scaler_; }
   model::DenseModel& model() { return *model_; }
+  /// The fp32 master parameters in the ParamStore's flat layout, when they are not the
+  /// model's parameter buffer (ZeRO stage >= 1 with bf16/fp16: each rank holds a shard):
+  /// gathered whole (collective over the data group, every rank calls it). Empty when
+  /// the model's parameters are the master (write those).
+  std::vector<float> master_parameters() const;
   const AdamW& optimizer() const { return *optimizer_; }
   const tensor::ExecContext& context() const { return ctx_; }
   /// The training order: the run's one sampler (through the batch source).
@@ -200,6 +205,12 @@ class Trainer {
   int zero_stage_ = 0;
   std::unique_ptr<ZeroShards> shards_;
   std::size_t shard_first_ = 0, shard_last_ = 0;
+  /// ZeRO with bf16/fp16: the fp32 master exists only as this rank's shard (the
+  /// optimizer's, AdamWState::master); the model's parameter buffer is the compute copy,
+  /// and the all-gather gathers the compute copy's shards.
+  bool master_shard_ = false;
+  /// Gathers the master shards whole into `whole` (buffer_elements(), host memory).
+  void gather_master(float* whole) const;
   /// ZeRO over MPI: all-gathers the updated parameters (this rank's shard final) bucket by
   /// bucket, the gradient buckets' ranges; returns the seconds it took.
   double gather_parameters();
@@ -208,7 +219,8 @@ class Trainer {
   LossScaler scaler_;
   /// Device runs: host copies of parameters and moments (flat layout) for checkpoints;
   /// ZeRO: the moments gathered whole for a checkpoint (freed by the next step) and read
-  /// whole on a restore (freed at its end): 8 bytes per parameter for that while.
+  /// whole on a restore (freed at its end): 8 bytes per parameter for that while (12 with
+  /// a master shard: its parameters too).
   mutable std::vector<float> host_params_, host_m_, host_v_;
 };
 

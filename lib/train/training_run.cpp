@@ -372,9 +372,11 @@ void TrainingRun::finish(double seconds) {
     summary += note;
   }
   const std::filesystem::path dir(cfg_.run.output_dir);
+  // ZeRO with bf16/fp16: the fp32 master, gathered from the shards (collective).
+  const std::vector<float> master = trainer.master_parameters();
   if (root_)
     write_parameters_h5((dir / "final-params.h5").string(), trainer.model().params(),
-                        trainer.steps_done());
+                        trainer.steps_done(), master.empty() ? nullptr : master.data());
   if (trainer.skipped_steps() > 0)
     summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";
   log::info(summary);

@@ -11,6 +11,13 @@
    per rank (peak_mem_bytes, before the first checkpoint) is lower than the previous stage's by at least half of what
    it no longer holds: 8 bytes x 3/4 of the parameters (the moments outside the shard)
    for stage 1, 4 bytes x 3/4 (the gradients outside it) for stage 2.
+4. bf16 and fp16 (the fp32 master sharded at stage >= 1: each rank holds its shard of
+   the master, the ranks gather the rounded compute copy): stages 0, 1 and 2 give the
+   same run bit for bit (as 1.) at 1, 2 and 4 ranks over MPI and 2 over shm, fp16 with a
+   loss-scaler overflow (a skipped step) injected; at 4 ranks over MPI stage 1's peak is
+   lower than stage 0's by at least half of 12 bytes x 3/4 of the parameters (moments
+   and master outside the shard); the 4-rank stage-2 bf16 checkpoint (master gathered
+   whole) resumes at 4 ranks stage 0 bit for bit, and at 2 ranks stage 1 == stage 0.
 3. A checkpoint moves between stages and world sizes: saved at step 3 by the 4-rank
    stage-2 run, resumed at 4 ranks stage 0 it continues bit for bit as the stage-2 run
    did; resumed at 2 ranks stage 1 and stage 0 the two agree bit for bit; resumed at 1
@@ -60,7 +67,7 @@ def main():
                     "--train-samples", "256", "--valid-samples", "8"], check=True)
     problems = []
 
-    def run(name, ranks, backend, zero, extra=()):
+    def run(name, ranks, backend, zero, extra=(), precision="fp32"):
         out = os.path.join(work, name)
         cmd = [mpiexec, numproc_flag, str(ranks), "--oversubscribe", *preflags, dstrain, "train",
                deck, "--set", f"data.train={data}/train.txt", "--set", f"data.valid={data}/valid.txt",
@@ -71,7 +78,8 @@ def main():
                "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
                "--set", f"checkpoint.every_steps={EVERY}", "--set", f"run.output_dir={out}",
                "--set", f"parallel.backend={backend}", "--set", f"parallel.zero_stage={zero}",
-               "--set", "parallel.bucket_mb=1", *extra]
+               "--set", "parallel.bucket_mb=1", "--set", f"training.precision={precision}",
+               *extra]
         r = subprocess.run(cmd, capture_output=True, text=True)
         log = r.stdout + r.stderr
         if r.returncode != 0:
@@ -148,6 +156,43 @@ def main():
               f"parameters within {worst_p:.1e} (relative) of the np=4 run")
         if worst > TOL or worst_p > TOL:
             problems.append(f"resumed at {name}: {worst:.2e} / {worst_p:.2e} > {TOL}")
+    # 4. bf16 and fp16: the master sharded
+    for precision, configs, extra in (
+            ("bf16", [(1, "mpi"), (2, "mpi"), (2, "shm"), (4, "mpi")], ()),
+            ("fp16", [(1, "mpi"), (2, "mpi"), (4, "mpi")], ("--set", "debug.inject_overflow_step=1"))):
+        for ranks, backend in configs:
+            got = {z: run(f"{precision}-np{ranks}-{backend}-zero{z}", ranks, backend, z, extra,
+                          precision) for z in (0, 1, 2)}
+            for zero in (1, 2):
+                r, base = got[zero], got[0]
+                name = f"{precision} np={ranks} {backend} zero {zero} vs zero 0"
+                if r["fields"] != base["fields"]:
+                    problems.append(f"{name}: step losses or norms differ: {r['fields']} vs "
+                                    f"{base['fields']}")
+                if not same_bits(r["final"], base["final"]):
+                    problems.append(f"{name}: final-params.h5 differs")
+                if not same_bits(r["ckpt"], base["ckpt"]):
+                    problems.append(f"{name}: the step-{STEPS} checkpoint's tensors differ")
+            if precision == "fp16" and "step skipped" not in got[2]["log"]:
+                problems.append(f"fp16 np={ranks}: the injected overflow skipped no step")
+            print(f"{precision} np={ranks} {backend}: zero 0/1/2 bit-identical; peak MB " +
+                  "/".join(f"{got[z]['peak'] / 1e6:.1f}" for z in (0, 1, 2)))
+            if precision == "bf16" and ranks == 4:
+                saved = 12 * TINY_PARAMS * 3 // 4
+                if got[0]["peak"] - got[1]["peak"] < saved // 2:
+                    problems.append(f"bf16 np=4 mpi: zero 1 peak {got[1]['peak']} is not at least "
+                                    f"{saved // 2} below zero 0's {got[0]['peak']}")
+                source = os.path.join(got[2]["out"], "checkpoints", f"step-{EVERY}.h5")
+                resume = ("--set", f"checkpoint.resume={source}")
+                b4 = run("bf16-resume-np4-zero0", 4, "mpi", 0, resume, "bf16")
+                if b4["fields"] != got[2]["fields"][EVERY:] or not same_bits(b4["final"],
+                                                                             got[2]["final"]):
+                    problems.append("bf16 resumed at np=4 zero 0: steps 4-6 or final parameters "
+                                    "differ from the stage-2 run's")
+                b2z1 = run("bf16-resume-np2-zero1", 2, "mpi", 1, resume, "bf16")
+                b2z0 = run("bf16-resume-np2-zero0", 2, "mpi", 0, resume, "bf16")
+                if b2z1["fields"] != b2z0["fields"] or not same_bits(b2z1["final"], b2z0["final"]):
+                    problems.append("bf16 resumed at np=2: zero 1 and zero 0 differ")
     if problems:
         print("\n".join(problems))
         print("FAILED: the ZeRO stages do not give the same run")
@@ -155,7 +200,8 @@ def main():
     print("zero stages: 0 == 1 == 2 bit for bit at np=1/2/4 (mpi, shm); the np=4 zero 2 "
           "checkpoint resumes at np=4 zero 0 bit for bit, at np=2 zero 1 == zero 0, at np=1 "
           f"and np=2 within {TOL:g}; peak MB per rank at np=4 " +
-          "/".join(f"{p / 1e6:.1f}" for p in peaks))
+          "/".join(f"{p / 1e6:.1f}" for p in peaks) + "; bf16/fp16 likewise with the master "
+          "sharded")
     return 0
 
 

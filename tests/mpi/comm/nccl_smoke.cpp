@@ -3,7 +3,8 @@
 //   mpiexec -n <ranks> build/cuda-release/tests/mpi/comm/comm_nccl_smoke
 // Every rank binds GPU (node-local rank mod devices), makes the NCCL communicator of the
 // world through the MPI bootstrap, and checks every collective of the Communicator
-// interface against values computed on the host, then times one 64 MiB allreduce.
+// interface against values computed on the host (ZeRO's reduce-scatter and all-gather of
+// unequal blocks included), then times one 64 MiB allreduce.
 // Exit codes: 0 all checks passed ("NCCL SMOKE OK" from rank 0), 1 a check or call
 // failed (the message names it), 77 no CUDA device here (CTest reports a skip).
 #include <cuda_runtime.h>
@@ -148,6 +149,53 @@ int main(int argc, char** argv) {
       for (float v : buf.download(count))
         expect(v == 42.0f, "broadcast value");
       comm->barrier();
+    }
+    // ZeRO's shard collectives: blocks of unequal sizes (rank 1's empty), in place, both
+    // in flight at once on separate buffers.
+    {
+      std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+      std::size_t total = 0, at = 0;
+      for (int r = 0; r < n; ++r) {
+        counts[static_cast<std::size_t>(r)] = r == 1 ? 0 : 100 + 37 * static_cast<std::size_t>(r);
+        total += counts[static_cast<std::size_t>(r)];
+      }
+      for (int r = 0; r < rank; ++r)
+        at += counts[static_cast<std::size_t>(r)];
+      const std::size_t mine = counts[static_cast<std::size_t>(rank)];
+      DeviceFloats reduced(total), gathered(total);
+      std::vector<float> h(total);
+      for (std::size_t i = 0; i < total; ++i)
+        h[i] = input(rank, i);
+      reduced.upload(h);
+      std::vector<float> g(total, -1.0f);
+      for (std::size_t i = at; i < at + mine; ++i)
+        g[i] = static_cast<float>(rank) + 0.5f;  // only this rank's block is final
+      gathered.upload(g);
+      auto rs = comm->ireduce_scatter_blocks(reduced.ptr, counts, DType::f32, ReduceOp::sum);
+      auto ag = comm->iallgather_blocks(gathered.ptr, counts, DType::f32);
+      ag.wait();
+      rs.wait();
+      const auto out = reduced.download(total);
+      for (std::size_t i = at; i < at + mine; ++i) {
+        float sum = 0;
+        for (int r = 0; r < n; ++r)
+          sum += input(r, i);
+        expect(out[i] == sum, "reduce_scatter_blocks element " + std::to_string(i));
+      }
+      const auto all = gathered.download(total);
+      std::size_t i = 0;
+      for (int r = 0; r < n; ++r)
+        for (std::size_t k = 0; k < counts[static_cast<std::size_t>(r)]; ++k, ++i)
+          expect(all[i] == static_cast<float>(r) + 0.5f,
+                 "allgather_blocks element " + std::to_string(i));
+      bool refused = false;
+      try {
+        comm->iallgather_blocks(gathered.ptr, std::vector<std::size_t>(counts.size() + 1, 1),
+                                DType::f32);
+      } catch (const dst::Error&) {
+        refused = true;
+      }
+      expect(refused, "allgather_blocks with a block size too many refused");
     }
     // Bandwidth of one 64 MiB f32 allreduce (after a warm-up), for the cluster log.
     {

@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
 #include "model/plan.hpp"
@@ -277,5 +280,48 @@ TEST(DenseModelPrecision, ComputeCopyFollowsTheMasterOnlyWhenRefreshed) {
   EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()), la);
   a.refresh_compute_params();
   EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()), lb);
+}
+}  // namespace
+
+// ZeRO with bf16/fp16 (master_outside): the parameter buffer is the compute copy, rounded
+// in place, and a shard refreshed from its master gives the same forward and gradients
+// bit for bit as the model that keeps its own master.
+namespace {
+TEST(DenseModelPrecision, MasterOutsideComputesWithTheSameBits) {
+  const auto m = small_gqa();
+  const Batch batch = make_batch(10, 11, 3);
+  for (const dst::DType st : {dst::DType::bf16, dst::DType::f16}) {
+    DenseModel own(m, 2, 5, Arena::Mode::allocate, {}, st);
+    DenseModel outside(m, 2, 5, Arena::Mode::allocate, {}, st, true, nullptr, nullptr,
+                       dst::config::Recompute::none, true);
+    own.params().initialize(7);
+    own.refresh_compute_params();
+    outside.params().initialize(7);
+    const std::size_t n = own.params().buffer_elements();
+    const std::vector<float> master(own.params().params_data(), own.params().params_data() + n);
+    outside.refresh_compute_params();  // rounds the buffer in place
+    EXPECT_NE(std::memcmp(outside.params().params_data(), master.data(), n * sizeof(float)), 0);
+    const auto loss_and_grads = [&](DenseModel& model) {
+      model.params().zero_grads();
+      const double loss = model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+      return std::make_pair(
+          loss, std::vector<float>(model.params().grads_data(), model.params().grads_data() + n));
+    };
+    const auto ref = loss_and_grads(own);
+    EXPECT_EQ(loss_and_grads(outside), ref) << dst::dtype_name(st);
+    // A changed master, refreshed in two shards (the second empty, then the rest).
+    std::vector<float> next(master);
+    for (float& x : next)
+      x *= 1.0625f;
+    std::copy(next.begin(), next.end(), own.params().params_data());
+    own.refresh_compute_params();
+    const std::size_t cut = n / 3;
+    outside.refresh_compute_params(next.data(), 0, cut);
+    outside.refresh_compute_params(next.data() + cut, cut, cut);
+    outside.refresh_compute_params(next.data() + cut, cut, n);
+    EXPECT_EQ(loss_and_grads(outside), loss_and_grads(own)) << dst::dtype_name(st);
+    EXPECT_THROW(outside.refresh_compute_params(next.data(), 0, n + 1), dst::Error);
+    EXPECT_THROW(own.refresh_compute_params(next.data(), 0, n), dst::Error);
+  }
 }
 }  // namespace

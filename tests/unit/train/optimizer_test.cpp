@@ -284,6 +284,51 @@ TEST(AdamWOptimizer, ShardedMomentsGiveTheWholeStepsBits) {
   EXPECT_FALSE(adamw_whole.sharded());
 }
 
+// ZeRO with bf16/fp16: each shard's optimizer also holds the fp32 master of its shard and
+// steps it instead of the store's parameters (then the compute copy). The masters give
+// the whole step's bits, the store's parameters stay untouched, and the master takes the
+// shard's memory only.
+TEST(AdamWOptimizer, MasterShardsGiveTheWholeStepsBits) {
+  const auto opt = optimizer_section();
+  ParamStore whole(specs(), Arena::Mode::allocate);
+  ParamStore compute(specs(), Arena::Mode::allocate);  // the compute copy: never stepped
+  const std::size_t n = whole.buffer_elements();
+  const std::size_t bytes = n * sizeof(float);
+  fill(whole.params_data(), n, 9);
+  fill(compute.params_data(), n, 10);
+  const std::vector<float> compute_before(compute.params_data(), compute.params_data() + n);
+  AdamW adamw_whole(opt, whole);
+  EXPECT_FALSE(adamw_whole.has_master());
+  EXPECT_EQ(adamw_whole.state().master, nullptr);
+  const std::vector<std::size_t> cuts = {0, 7, 16, 16, n};
+  std::vector<std::unique_ptr<AdamW>> shards;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    shards.push_back(std::make_unique<AdamW>(opt, compute, cuts[k], cuts[k + 1], true));
+    EXPECT_TRUE(shards.back()->has_master());
+    EXPECT_EQ(shards.back()->master_bytes(),
+              (cuts[k + 1] - cuts[k] + 15) / 16 * 16 * sizeof(float));
+    const AdamWState s = shards.back()->state();
+    if (s.elements > 0) {
+      ASSERT_NE(s.master, nullptr);
+      std::memcpy(s.master, whole.params_data() + s.first, s.elements * sizeof(float));
+    }
+  }
+  for (int t = 1; t <= 3; ++t) {
+    fill(whole.grads_data(), n, 500u + static_cast<std::uint32_t>(t));
+    std::memcpy(compute.grads_data(), whole.grads_data(), bytes);
+    adamw_whole.step(ctx(), whole, 1e-2, 0.5);
+    for (auto& a : shards)
+      a->step(ctx(), compute, 1e-2, 0.5);
+    for (const auto& a : shards) {
+      const AdamWState s = a->state();
+      ASSERT_EQ(std::memcmp(whole.params_data() + s.first, s.master, s.elements * sizeof(float)), 0)
+          << "step " << t << ", shard from " << s.first;
+      ASSERT_EQ(std::memcmp(adamw_whole.state().m + s.first, s.m, s.elements * sizeof(float)), 0);
+    }
+    ASSERT_EQ(std::memcmp(compute.params_data(), compute_before.data(), bytes), 0);
+  }
+}
+
 TEST(AdamWOptimizer, RejectsMismatchedStoresAndPlansWithoutMemory) {
   ParamStore store(specs(), Arena::Mode::allocate);
   AdamW adamw(optimizer_section(), store);
