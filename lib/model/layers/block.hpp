@@ -5,12 +5,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/run_config.hpp"
 #include "model/layers/attention.hpp"
+#include "model/layers/latent_attention.hpp"
 #include "model/layers/layer.hpp"
 #include "model/layers/mlp.hpp"
+#include "model/layers/moe.hpp"
 #include "model/layers/rmsnorm.hpp"
 #include "tensor/arena.hpp"
 
@@ -18,19 +21,23 @@ namespace dst::model {
 
 /// What one block keeps from forward for backward.  N = B*T.
 struct BlockActs {
-  tensor::Tensor x;    // (N, C) block input (residual stream)
-  RmsNormActs norm1;   // (N, C), (N) rmsnorm(x)
-  AttentionActs attn;  // q, k, v, probs or stats, attn
-  tensor::Tensor mid;  // (N, C) x + o_proj(attn)
-  RmsNormActs norm2;   // (N, C), (N) rmsnorm(mid)
-  MlpActs mlp;         // h1, h3, g
+  tensor::Tensor x;         // (N, C) block input (residual stream)
+  RmsNormActs norm1;        // (N, C), (N) rmsnorm(x)
+  AttentionActs attn;       // q, k, v, probs or stats, attn (standard attention)
+  LatentAttentionActs mla;  // multi-head latent attention (model.kv_lora_rank > 0)
+  tensor::Tensor mid;       // (N, C) x + o_proj(attn)
+  RmsNormActs norm2;        // (N, C), (N) rmsnorm(mid)
+  MlpActs mlp;              // h1, h3, g (dense MLP)
+  MoeActs moe;              // DeepSeekMoE (model.moe_layer(l))
 };
 
 /// Backward scratch shared by all blocks.
 struct BlockScratch {
   tensor::Tensor d_ln;  // (N, C) gradient of a norm's output
   AttentionScratch attn;
+  LatentAttentionScratch mla;
   MlpScratch mlp;
+  MoeScratch moe;
 };
 
 class Block {
@@ -38,14 +45,20 @@ class Block {
   /// Block `layer` (0-based) of the model `m`: its parameters are "model.layers.<layer>.*".
   Block(const config::ModelSection& m, std::int64_t layer);
 
-  /// input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-  /// mlp.{gate,up,down}_proj, in this order.
+  /// input_layernorm, self_attn.{q,k,v,o}_proj (or latent attention's, LatentAttention::
+  /// declare), post_attention_layernorm, mlp.{gate,up,down}_proj (or DeepSeekMoE's,
+  /// Moe::declare), in this order.
   void declare(std::vector<ParamSpec>& specs) const;
   void bind(const ParamStore& params);
-  std::int64_t head_dim() const { return attn_.head_dim(); }
+  /// The RoPE tables' head dim: the head dim, or qk_rope_head_dim with latent attention.
+  std::int64_t head_dim() const { return mla_ ? mla_->rope_dim() : attn_.head_dim(); }
 
   BlockActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const;
+  /// The scratch every block of the model can share (dense MLP and MoE parts as the model
+  /// has them, whichever block takes it).
   BlockScratch take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const;
+  /// The block's DeepSeekMoE layer; nullptr for a dense MLP block.
+  const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
 
   /// out (N, C) = the block of a.x (N, C), B sequences of T tokens; keeps a. `out` may be
   /// a.x (decoding overwrites its rows in place). `cache`: see Attention::forward.
@@ -60,9 +73,13 @@ class Block {
 
  private:
   RmsNorm norm1_;
-  Attention attn_;
+  Attention attn_;                      // unused with latent attention
+  std::optional<LatentAttention> mla_;  // model.kv_lora_rank > 0
   RmsNorm norm2_;
-  Mlp mlp_;
+  Mlp mlp_;                       // unused in an MoE block
+  std::optional<Moe> moe_;        // model.moe_layer(layer)
+  bool model_dense_mlp_;          // some block of the model has the dense MLP
+  std::optional<Moe> model_moe_;  // the model's MoE shape (for the shared scratch)
   std::int64_t C_;
 };
 
