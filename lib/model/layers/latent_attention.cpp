@@ -156,10 +156,9 @@ void LatentAttention::core_forward(const Compute& c, std::int64_t B, std::int64_
           // scores[b, h][r0:r1, 0:r1] = q_nope k_nope^T + q_pe k_pe^T
           float* sc = p + h * T * T + r0 * T;
           if (dn > 0)
-            blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::yes, r1 - r0, r1, dn,
-                                             q + r0 * QW + h * (dn + dr), QW, T * QW,
-                                             kv + h * (dn + dv), KW, T * KW, false, sc, T,
-                                             H * T * T, seqs);
+            blas::small_gemm_strided_batched(
+                c.ctx, Trans::no, Trans::yes, r1 - r0, r1, dn, q + r0 * QW + h * (dn + dr), QW,
+                T * QW, kv + h * (dn + dv), KW, T * KW, false, sc, T, H * T * T, seqs);
           blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::yes, r1 - r0, r1, dr,
                                            q + r0 * QW + h * (dn + dr) + dn, QW, T * QW, kpe, dr,
                                            T * dr, dn > 0, sc, T, H * T * T, seqs);
@@ -173,10 +172,9 @@ void LatentAttention::core_forward(const Compute& c, std::int64_t B, std::int64_
         for (std::int64_t r0 = 0; r0 < T; r0 += block) {
           const std::int64_t r1 = std::min(T, r0 + block);
           // attn[b, r0:r1, h, :] = probs[b, h][r0:r1, 0:r1] v[b, 0:r1, h, :]
-          blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::no, r1 - r0, dv, r1,
-                                           p + h * T * T + r0 * T, T, H * T * T,
-                                           kv + h * (dn + dv) + dn, KW, T * KW, false,
-                                           out + r0 * AW + h * dv, AW, T * AW, seqs);
+          blas::small_gemm_strided_batched(
+              c.ctx, Trans::no, Trans::no, r1 - r0, dv, r1, p + h * T * T + r0 * T, T, H * T * T,
+              kv + h * (dn + dv) + dn, KW, T * KW, false, out + r0 * AW + h * dv, AW, T * AW, seqs);
         }
     }
   }
@@ -250,14 +248,12 @@ void LatentAttention::core_backward(const Compute& c, std::int64_t B, std::int64
         for (std::int64_t r0 = 0; r0 < T; r0 += block) {
           const std::int64_t r1 = std::min(T, r0 + block);
           // d_probs = d_attn v^T;  d_v += probs^T d_attn
-          blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::yes, r1 - r0, r1, dv,
-                                           da + r0 * AW + h * dv, AW, T * AW,
-                                           kv + h * (dn + dv) + dn, KW, T * KW, false,
-                                           dp(h) + r0 * T, T, H * T * T, seqs);
-          blas::small_gemm_strided_batched(c.ctx, Trans::yes, Trans::no, r1, dv, r1 - r0,
-                                           p + h * T * T + r0 * T, T, H * T * T,
-                                           da + r0 * AW + h * dv, AW, T * AW, true,
-                                           dkv + h * (dn + dv) + dn, KW, T * KW, seqs);
+          blas::small_gemm_strided_batched(
+              c.ctx, Trans::no, Trans::yes, r1 - r0, r1, dv, da + r0 * AW + h * dv, AW, T * AW,
+              kv + h * (dn + dv) + dn, KW, T * KW, false, dp(h) + r0 * T, T, H * T * T, seqs);
+          blas::small_gemm_strided_batched(
+              c.ctx, Trans::yes, Trans::no, r1, dv, r1 - r0, p + h * T * T + r0 * T, T, H * T * T,
+              da + r0 * AW + h * dv, AW, T * AW, true, dkv + h * (dn + dv) + dn, KW, T * KW, seqs);
         }
       Tensor probs = a.probs;
       probs.data = const_cast<float*>(p) + h0 * T * T;
@@ -272,19 +268,19 @@ void LatentAttention::core_backward(const Compute& c, std::int64_t B, std::int64
           if (dn > 0) {
             // d_q_nope = d_scores k_nope;  d_k_nope += d_scores^T q_nope
             blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::no, r1 - r0, dn, r1, ds, T,
-                                             H * T * T, kv + h * (dn + dv), KW, T * KW, false,
-                                             dq_h, QW, T * QW, seqs);
+                                             H * T * T, kv + h * (dn + dv), KW, T * KW, false, dq_h,
+                                             QW, T * QW, seqs);
             blas::small_gemm_strided_batched(c.ctx, Trans::yes, Trans::no, r1, dn, r1 - r0, ds, T,
-                                             H * T * T, q_h, QW, T * QW, true,
-                                             dkv + h * (dn + dv), KW, T * KW, seqs);
+                                             H * T * T, q_h, QW, T * QW, true, dkv + h * (dn + dv),
+                                             KW, T * KW, seqs);
           }
           // d_q_pe = d_scores k_pe;  d_k_pe += d_scores^T q_pe (summed over heads)
           blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::no, r1 - r0, dr, r1, ds, T,
-                                           H * T * T, kpe, dr, T * dr, false, dq_h + dn, QW,
-                                           T * QW, seqs);
+                                           H * T * T, kpe, dr, T * dr, false, dq_h + dn, QW, T * QW,
+                                           seqs);
           blas::small_gemm_strided_batched(c.ctx, Trans::yes, Trans::no, r1, dr, r1 - r0, ds, T,
-                                           H * T * T, q_h + dn, QW, T * QW, true, dkpe, dr,
-                                           T * dr, seqs);
+                                           H * T * T, q_h + dn, QW, T * QW, true, dkpe, dr, T * dr,
+                                           seqs);
         }
     }
   }

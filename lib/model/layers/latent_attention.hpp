@@ -83,8 +83,8 @@ class LatentAttention {
  private:
   void core_forward(const Compute& c, std::int64_t B, std::int64_t T,
                     const LatentAttentionActs& a) const;
-  void core_backward(const Compute& c, std::int64_t B, std::int64_t T,
-                     const LatentAttentionActs& a, const LatentAttentionScratch& s) const;
+  void core_backward(const Compute& c, std::int64_t B, std::int64_t T, const LatentAttentionActs& a,
+                     const LatentAttentionScratch& s) const;
 
   std::string prefix_;
   std::int64_t C_, H_, q_lora_, kv_lora_, nope_, rope_, v_;

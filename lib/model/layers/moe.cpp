@@ -21,10 +21,11 @@ std::string expert_prefix(const std::string& prefix, std::int64_t e) {
 /// The routing runs on host memory: refuse a context whose tensors live elsewhere.
 void check_host(const Compute& c) {
   if (tensor::device_of(c.ctx) != tensor::Device::host)
-    throw Error("model: the DeepSeekMoE layer runs on host memory only (its router and token "
-                "sort); the " +
-                std::string(tensor::backend_name(c.ctx.backend)) +
-                " back end's memory is not (CUDA kernels for MoE are not written yet)");
+    throw Error(
+        "model: the DeepSeekMoE layer runs on host memory only (its router and token "
+        "sort); the " +
+        std::string(tensor::backend_name(c.ctx.backend)) +
+        " back end's memory is not (CUDA kernels for MoE are not written yet)");
 }
 }  // namespace
 
@@ -165,8 +166,7 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
 }
 
 void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor& dout,
-                   const Tensor& x, const MoeActs& a, const MoeScratch& s,
-                   const Tensor& dx) const {
+                   const Tensor& x, const MoeActs& a, const MoeScratch& s, const Tensor& dx) const {
   check_host(c);
   const std::int64_t N = B * T, C = C_, K = K_;
   MoeRouting& r = *a.routing;
@@ -197,8 +197,8 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   for (std::int64_t e = 0; e < E_; ++e) {
     const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
     if (n == 0) continue;
-    blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n),
-                          c.weight(w2_[e]), row_range(s.d_g, r0, n), c.grad(w2_[e]));
+    blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n), c.weight(w2_[e]),
+                          row_range(s.d_g, r0, n), c.grad(w2_[e]));
   }
   kernels::swiglu_backward(c.ctx, s.d_g, a.h1, a.h3, a.h1, a.h3);
   c.store(a.h1);
@@ -207,10 +207,9 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
     const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
     if (n == 0) continue;
     const Tensor xs = row_range(a.xs, r0, n), dxs = row_range(s.d_xs, r0, n);
-    blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs,
-                          c.grad(w1_[e]));
-    blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs,
-                          c.grad(w3_[e]), true);
+    blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs, c.grad(w1_[e]));
+    blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs, c.grad(w3_[e]),
+                          true);
   }
   // dx[n] += sum_k d_xs[row of (n, k)], slots in order.
   float* dxp = dx.ptr<float>();

@@ -33,23 +33,23 @@ namespace dst::model {
 /// The host-side routing of the last forward, and the loads counted since the last
 /// balancing update.
 struct MoeRouting {
-  std::vector<float> scores;       // (N, E) router scores s
-  std::vector<std::int32_t> idx;   // (N, K) chosen experts
-  std::vector<float> weights;      // (N, K) their weights
-  std::vector<float> d_weights;    // (N, K) backward: d(loss)/d(weights)
-  std::vector<float> d_scores;     // (N, E) backward: the balance loss's score gradient
-  ExpertRows rows;                 // the grouped products' rows
-  std::vector<double> load;        // (E) tokens routed to each expert since the last reset
-  double aux_loss = 0.0;           // the last forward's balance loss (summed over sequences)
+  std::vector<float> scores;      // (N, E) router scores s
+  std::vector<std::int32_t> idx;  // (N, K) chosen experts
+  std::vector<float> weights;     // (N, K) their weights
+  std::vector<float> d_weights;   // (N, K) backward: d(loss)/d(weights)
+  std::vector<float> d_scores;    // (N, E) backward: the balance loss's score gradient
+  ExpertRows rows;                // the grouped products' rows
+  std::vector<double> load;       // (E) tokens routed to each expert since the last reset
+  double aux_loss = 0.0;          // the last forward's balance loss (summed over sequences)
 };
 
 /// What the MoE layer keeps from forward for backward (with its input).
 struct MoeActs {
-  MlpActs shared;            // (N, S*I) x3: the shared experts (no buffers when S = 0)
-  tensor::Tensor logits;     // (N, E) router logits; backward: their gradient
-  tensor::Tensor xs;         // (N*K, C) the input rows, sorted by expert
-  tensor::Tensor h1, h3, g;  // (N*K, I) the routed experts' SwiGLU
-  tensor::Tensor y;          // (N*K, C) the routed experts' outputs
+  MlpActs shared;                       // (N, S*I) x3: the shared experts (no buffers when S = 0)
+  tensor::Tensor logits;                // (N, E) router logits; backward: their gradient
+  tensor::Tensor xs;                    // (N*K, C) the input rows, sorted by expert
+  tensor::Tensor h1, h3, g;             // (N*K, I) the routed experts' SwiGLU
+  tensor::Tensor y;                     // (N*K, C) the routed experts' outputs
   std::shared_ptr<MoeRouting> routing;  // host state; nullptr in a planning layout
 };
 

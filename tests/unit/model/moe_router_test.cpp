@@ -89,8 +89,7 @@ void check_backward(const RouterShape& r, double alpha) {
   dst::model::route_forward(r, N, logits.data(), nullptr, scores.data(), idx.data(), w.data());
   const float grad_scale = 0.5f;  // as the model's aux_grad_scale
   std::vector<float> d_scores(scores.size(), 0.0f), d_logits(scores.size());
-  dst::model::seq_aux_loss(r, B, T, alpha, scores.data(), idx.data(), grad_scale,
-                           d_scores.data());
+  dst::model::seq_aux_loss(r, B, T, alpha, scores.data(), idx.data(), grad_scale, d_scores.data());
   dst::model::route_backward(r, N, scores.data(), idx.data(), dw.data(), d_scores.data(),
                              d_logits.data());
 
@@ -102,8 +101,8 @@ void check_backward(const RouterShape& r, double alpha) {
     double v = 0.0;
     for (std::size_t i = 0; i < ww.size(); ++i)
       v += static_cast<double>(dw[i]) * ww[i];
-    return v + grad_scale * dst::model::seq_aux_loss(r, B, T, alpha, s.data(), ix.data(), 0.0f,
-                                                     nullptr);
+    return v + grad_scale *
+                   dst::model::seq_aux_loss(r, B, T, alpha, s.data(), ix.data(), 0.0f, nullptr);
   };
   const float h = 1e-3f;
   for (std::size_t i = 0; i < logits.size(); ++i) {
@@ -139,8 +138,7 @@ TEST(MoeRouter, BalanceLossClosedForms) {
   const std::vector<float> scores(static_cast<std::size_t>(T * 4), 0.5f);  // uniform: P_i = 1/4
   // Token 0 -> {0, 1}, token 1 -> {2, 3}: every f_i = 4 / (2 * 2) * 1 = 1 -> L = alpha.
   const std::vector<std::int32_t> balanced{0, 1, 2, 3};
-  EXPECT_NEAR(dst::model::seq_aux_loss(r, 1, T, 0.1, scores.data(), balanced.data(), 0.0f,
-                                       nullptr),
+  EXPECT_NEAR(dst::model::seq_aux_loss(r, 1, T, 0.1, scores.data(), balanced.data(), 0.0f, nullptr),
               0.1, 1e-12);
   const std::vector<float> skewed{0.9f, 0.9f, 0.1f, 0.1f, 0.9f, 0.9f, 0.1f, 0.1f};
   const std::vector<std::int32_t> same{0, 1, 0, 1};
