@@ -9,6 +9,10 @@ and every parameter gradient; transformers recomputes them and every comparison 
   loss:   relative error <= 1e-5;  logits and every gradient: relative L2 error <= 1e-4
 (fp32 arithmetic over reductions of a few thousand terms in different orders, with margin).
 
+The sequence-wise balance loss, which transformers lacks, is added to the reference's
+objective in torch (balance_loss(), from the routers' logits and choices caught by forward
+hooks) for the *_balance_loss cases: every gradient then carries it.
+
 RoPE: transformers' DeepseekV3 (rope_interleave) writes the rotated interleaved pairs of
 q_pe and k_pe de-interleaved; ours keeps them in place (as DeepSeek's reference and
 transformers' DeepseekV2). Both permute queries and keys alike, so logits and gradients
@@ -71,6 +75,21 @@ CASES = {
                                            "model.moe_intermediate_size=8", "model.n_group=4",
                                            "model.topk_group=3",
                                            "model.moe.seq_aux_loss_alpha=0"], 3, 12),
+    # The sequence-wise balance loss on (alpha 0.05, large enough to matter in every
+    # gradient): transformers has none, so the reference adds it in torch from the
+    # routers' logits and choices (balance_loss below) to the cross-entropy.
+    "moe_v3_balance_loss": (SMALL + MLA + ["model.n_layers=3", "model.n_routed_experts=8",
+                                           "model.n_shared_experts=1",
+                                           "model.num_experts_per_tok=2",
+                                           "model.moe_intermediate_size=16",
+                                           "model.first_k_dense_replace=1",
+                                           "model.moe.seq_aux_loss_alpha=0.05"], 3, 16),
+    "moe_v2_balance_loss": (SMALL + MLA + ["model.n_routed_experts=6",
+                                           "model.n_shared_experts=1",
+                                           "model.num_experts_per_tok=2",
+                                           "model.moe_intermediate_size=16",
+                                           "model.norm_topk_prob=false", "model.moe.score=softmax",
+                                           "model.moe.seq_aux_loss_alpha=0.05"], 2, 16),
     # DeepSeek-V2's rule (softmax scores, greedy top-k, no renormalisation) against
     # transformers' DeepseekV2ForCausalLM.
     "moe_v2_softmax": (SMALL + MLA + ["model.n_routed_experts=6", "model.n_shared_experts=2",
@@ -180,6 +199,34 @@ def expert_grads(model):
     return out
 
 
+def capture_routing(model):
+    """Forward hooks on every router: its logits and chosen experts, in layer order."""
+    captured = []
+    for module in model.modules():
+        if type(module).__name__ in ("DeepseekV3TopkRouter", "DeepseekV2TopkRouter"):
+            module.register_forward_hook(lambda m, args, out: captured.append((out[0], out[2])))
+    return captured
+
+
+def balance_loss(captured, attrs, batch, seq, valid):
+    """Our objective's balance term (layers/moe_router.hpp), in torch: per MoE block and
+    sequence alpha sum_i f_i P_i, f_i = E / (K T) #tokens choosing i (no gradient),
+    P_i = mean_t s'_t,i (s' the scores normalised over the experts), each sequence
+    weighted T / valid tokens like the mean cross-entropy's tokens (DenseModel)."""
+    alpha = float(attrs["seq_aux_loss_alpha"])
+    E, K = int(attrs["n_routed_experts"]), int(attrs["num_experts_per_tok"])
+    total = 0.0
+    for logits, idx in captured:
+        s = logits.sigmoid() if not attrs["moe_softmax"] else logits.softmax(-1)
+        s = (s / s.sum(-1, keepdim=True)).view(batch, seq, E)
+        counts = torch.zeros(batch, E).scatter_add_(
+            1, idx.view(batch, seq * K), torch.ones(batch, seq * K))
+        f = counts * E / (K * seq)
+        P = s.mean(1)
+        total = total + alpha * (f * P).sum() * seq / valid
+    return total
+
+
 def run_case(dump, workdir, name, sets, batch, seq):
     path = os.path.join(workdir, f"deepseek-{name}.h5")
     cmd = [dump, path, "--batch", str(batch), "--seq", str(seq)]
@@ -200,10 +247,15 @@ def run_case(dump, workdir, name, sets, batch, seq):
             problems.append(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
         tokens = torch.from_numpy(np.array(f["tokens"])).long()
         targets = torch.from_numpy(np.array(f["targets"])).long()
+        captured = capture_routing(model)
         logits = model(input_ids=tokens).logits
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-        loss.backward()
+        objective = loss
+        if float(attrs["seq_aux_loss_alpha"]) > 0 and int(attrs["n_routed_experts"]) > 0:
+            objective = loss + balance_loss(captured, attrs, batch, seq,
+                                            float(attrs["valid_tokens"]))
+        objective.backward()
         ours_loss = float(attrs["loss"])
         err = abs(ours_loss - loss.item()) / abs(loss.item())
         if err > TOL_LOSS:

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
     attr(f, "norm_topk_prob", m.norm_topk_prob ? 1.0 : 0.0);
     attr(f, "routed_scaling_factor", m.routed_scaling_factor);
     attr(f, "moe_softmax", m.moe.score == dst::config::MoeScore::softmax ? 1.0 : 0.0);
+    attr(f, "seq_aux_loss_alpha", m.moe.seq_aux_loss_alpha);
     H5Gclose(gp);
     H5Gclose(gg);
     H5Fclose(f);
