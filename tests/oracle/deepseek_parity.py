@@ -9,6 +9,13 @@ and every parameter gradient; transformers recomputes them and every comparison 
   loss:   relative error <= 1e-5;  logits and every gradient: relative L2 error <= 1e-4
 (fp32 arithmetic over reductions of a few thousand terms in different orders, with margin).
 
+transformers is pinned (tests/oracle/requirements.txt, 5.24.0) at a version whose V3
+router takes the chosen experts' weights from the unbiased scores and fills the dropped
+groups with -inf, as DeepSeek's reference (its V2 router fills 0.0: the V2 group case
+says why that cannot change the choice). Its routers have no balance loss and no bias
+update (the bias is a zero buffer): moe_router_test checks those by closed forms and
+finite differences, checkpoint_moe and training_rank_invariance_moe the update in training.
+
 The sequence-wise balance loss, which transformers lacks, is added to the reference's
 objective in torch (balance_loss(), from the routers' logits and choices caught by forward
 hooks) for the *_balance_loss cases: every gradient then carries it.
