@@ -329,12 +329,14 @@ exit codes: 0 ok, 2 usage, 8 damaged checkpoint; see docs/tools.md.
   }
   // --- end checkpoint tools ---
   if (topic == "check") {
-    return R"(usage: dstrain check <deck.yaml> [--set key=value ...] [--force] [common options]
+    return R"(usage: dstrain check <deck.yaml> [--set key=value ...] [--force] [--ranks N]
+                     [--host KIND] [common options]
 
 Validates a run deck, starts the parallel runtime exactly as a training run would
 (MPI, node-local ranks, device binding, Kokkos, process groups, a test collective),
 and prints the resolved deck and the plan: parameter count, FLOPs per token, memory
-per rank, communication per step. Nothing is allocated for the model, so the largest
+per rank by kind, communication per step by collective, and a predicted step time
+from the rate table of docs/performance.md. Nothing is allocated for the model, so the largest
 presets can be checked on a laptop. Launch it with the same mpirun/srun line as the
 run to validate the layout too:  mpirun -np 8 dstrain check deck.yaml
 
@@ -343,6 +345,11 @@ options:
                       --set training.max_steps=10 --set training.optimizer.betas=[0.9,0.95]
   --force             exit 0 even if the plan needs more memory than a rank has
   --deck-out FILE     also write the resolved deck (YAML) to FILE
+  --ranks N           plan for N ranks (a cluster layout, from one process) instead of
+                      the launched ones; the memory check then uses --host's device
+  --host KIND         the rate table's row that predicts the step time: cpu, cpu-mpi,
+                      h100, h200 (default: h100/h200 by the GPU's name, else cpu or
+                      cpu-mpi by the gradient back end; docs/performance.md)
 
 exit codes: 0 ok, 2 usage, 3 invalid deck, 4 start-up deadline missed, 5 plan does
 not fit in memory (without --force); see docs/exit-codes.md.
@@ -490,6 +497,15 @@ Command parse_command_line(int argc, char** argv) {
       cmd.check.deck_out = value_of(a);
     } else if (a == "--force" && sub == "check") {
       cmd.check.force = true;
+    } else if (a == "--ranks" && sub == "check") {
+      const std::string v = value_of(a);
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > (1 << 24))
+        throw UsageError("--ranks needs a rank count >= 1, got '" + v + "'");
+      cmd.check.plan_ranks = static_cast<int>(n);
+    } else if (a == "--host" && sub == "check") {
+      cmd.check.host = value_of(a);
     } else if (a == "--log-level") {
       cmd.common.log_level = log::parse_level(value_of(a));
     } else if (a == "--init-timeout") {

@@ -23,6 +23,11 @@ struct CheckOptions {
   std::vector<config::Override> overrides;
   bool force = false;    ///< print the plan and exit 0 even if it does not fit in memory
   std::string deck_out;  ///< also write the resolved deck (YAML) to this file
+  /// Plan for this many ranks instead of the launched ones (0 = the launched world):
+  /// the layout of a cluster run, planned from one process.
+  int plan_ranks = 0;
+  /// The rate table's row for the step time ("" = from the device and the back end).
+  std::string host;
 };
 
 /// `dstrain prep`: the command line as given (checked for usage errors, not for files).

@@ -27,11 +27,30 @@ int run_check(runtime::Runtime& rt, const Command& cmd) {
       throw Error("check: cannot write the resolved deck to '" + cmd.check.deck_out + "'");
   }
 
-  const model::Plan plan = model::make_plan(cfg, layout);
-  // The smallest memory any rank has decides whether the plan fits.
+  // --ranks: the layout of that many ranks, planned here; the launched ranks were checked
+  // above (start-up, process groups) on their own layout.
+  const config::Layout planned =
+      cmd.check.plan_ranks > 0 ? config::resolve_layout(cfg, cmd.check.plan_ranks) : layout;
+  model::PlanOptions options;
+  // parallel.zero_stage: 0 until the deck has the key (issue 30, the ZeRO branch).
+  options.zero_stage = 0;
+  options.bucket_copies = session.backends.comm != runtime::CommBackend::shm;
+  const std::string& gpu = rt.device().name;
+  if (!cmd.check.host.empty())
+    options.host = cmd.check.host;
+  else if (session.backends.kernels == ComputeBackend::cuda)
+    options.host = gpu.find("H200") != std::string::npos ? "h200" : "h100";
+  else
+    options.host = session.backends.comm == runtime::CommBackend::mpi ? "cpu-mpi" : "cpu";
+  const model::Plan plan = model::make_plan(cfg, planned, options);
+  // The smallest memory any rank has decides whether the plan fits; a planned layout
+  // of other ranks is compared with its host kind's device.
   unsigned long long available = rt.device().available_bytes_per_rank;
   groups.world->allreduce(&available, 1, DType::u64, comm::ReduceOp::min);
-  log::info(model::format_plan(cfg, layout, plan, available));
+  if (cmd.check.plan_ranks > 0)
+    available = static_cast<unsigned long long>(model::host_rates(options.host).memory_gib *
+                                                1024.0 * 1024.0 * 1024.0);
+  log::info(model::format_plan(cfg, planned, plan, available));
 
   if (available > 0 && plan.memory.total() > available) {
     const std::string msg = "the plan needs " +

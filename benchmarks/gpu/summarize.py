@@ -425,7 +425,24 @@ def throughput_report(raw, warmup=10, peak_tflops=989.0, dry_run=False):
             "passed": not failures, "failures": failures,
             "seconds": _float_or_none(read_text(os.path.join(raw, "total.seconds")).strip()),
             **device_summary(raw), "gemm": gemm, "nvidia_smi": nvidia_smi_peak(raw),
-            "training": training}
+            "training": training, "pytorch": pytorch_summary(raw, training)}
+
+
+def pytorch_summary(raw, training):
+    """benchmarks/gpu/torch_reference.py's line per mode (eager, compile), where it ran, with
+    dstrain's median tokens/s as a fraction of each (`dstrain_ratio`). Informational: it
+    never fails the check."""
+    out = {}
+    for mode in ("eager", "compile"):
+        lines = read_jsonl(os.path.join(raw, f"torch-{mode}.json"))
+        if not lines:
+            continue
+        r = dict(lines[-1])
+        ours = training.get("median_tokens_per_s")
+        theirs = r.get("median_tokens_per_s")
+        r["dstrain_ratio"] = ours / theirs if ours and theirs else None
+        out[mode] = r
+    return out
 
 
 # --- command line --------------------------------------------------------------------------
@@ -503,6 +520,10 @@ def print_summary(r):
             say(f"nvidia-smi peak memory used {r['nvidia_smi']['peak_memory_used_mib']:.0f} MiB")
         if t.get("phases_ms"):
             say("phases (ms/step): " + ", ".join(f"{k} {v:.1f}" for k, v in t["phases_ms"].items()))
+        for mode, p in r.get("pytorch", {}).items():
+            say(f"pytorch {mode}: median {_fmt(p.get('median_tokens_per_s'), '.0f')} tok/s, MFU "
+                f"{_fmt(p.get('mfu_vs_peak'), '.3f')}, peak memory {_fmt(p.get('peak_mem_bytes'), '.4g')} B; "
+                f"dstrain at {_fmt(p.get('dstrain_ratio'), '.2f')} of it")
     for f in r["failures"]:
         say("FAILED: " + f)
     say("passed" if r["passed"] else "FAILED")

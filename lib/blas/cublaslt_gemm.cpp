@@ -7,13 +7,24 @@
 ///         keeping internal storage of at least the stated precision, so true fp32 products
 ///         (TF32 needs CUBLAS_COMPUTE_32F_FAST_TF32, which is never used). That keeps the
 ///         CUDA back end within fp32 rounding of the host reference.
-///   bf16  CUBLAS_COMPUTE_32F_FAST_16BF: the inputs may be down-converted to bf16 (or TF32)
-///         for the tensor cores, with fp32 accumulation. The model stores values already
-///         rounded to bf16 in the fp32 buffers, and a bf16 value converts to bf16 and to TF32
-///         exactly, so the only rounding left is the accumulation's.
-///   f16   CUBLAS_COMPUTE_32F_FAST_16F: the same with IEEE half (or TF32, which also holds
-///         every half value exactly).
-/// Scale type (alpha, beta) is CUDA_R_32F and A/B/C/D are CUDA_R_32F in every mode.
+///   bf16  A and B are narrowed to bf16 (round to nearest even, cuda_narrow.cu) into the
+///         handle's operand space, then multiplied as CUDA_R_16BF inputs with
+///         CUBLAS_COMPUTE_32F (fp32 accumulation, fp32 C). The model stores values already
+///         rounded to bf16 in the fp32 buffers, which narrow exactly, so the only rounding
+///         left is the accumulation's. Measured on an H200 at 8192^3 (docs/gpu.md): 16-bit
+///         inputs run at 780-790 TFLOP/s, fp32 inputs with CUBLAS_COMPUTE_32F_FAST_16BF
+///         (cuBLASLt narrowing inside the product) at 424-427; the narrowing pass reads
+///         4 and writes 2 bytes per operand element.
+///   f16   the same with IEEE half (CUDA_R_16F).
+/// Scale type (alpha, beta) is CUDA_R_32F; C/D are CUDA_R_32F in every mode.
+///
+/// Operand space: per (thread, device) handle, one device buffer holding both narrowed
+/// operands of the product being enqueued, grown (by a quarter more than asked, stream
+/// ordered: cudaFreeAsync / cudaMallocAsync) when a product needs more. Products on one
+/// handle are ordered (bind()), so one buffer serves them all. Its size is the largest
+/// product's two operands in 16 bits (deepseek-1b at micro-batch 4 x 2048: the output
+/// head's weight gradient, 2 x 8192 x 102400 + ..., about 1.7 GB); it is not the model's
+/// allocator's memory, so peak_mem_bytes does not count it (nvidia-smi does).
 ///
 /// Plans: the first product of a shape builds the matmul descriptor and the three layouts
 /// and asks cublasLtMatmulAlgoGetHeuristic for the best algorithm once; the plan is cached
@@ -52,6 +63,7 @@
 #include <vector>
 
 #include "blas/detail/cublaslt_gemm.hpp"
+#include "blas/detail/cuda_narrow.hpp"
 #include "core/error.hpp"
 
 /// Throws dst::Error naming the cuBLAS status, the call and file:line unless `call`
@@ -117,9 +129,8 @@ cublasComputeType_t compute_type(const char* call, DType math) {
     case DType::f32:
       return CUBLAS_COMPUTE_32F;
     case DType::bf16:
-      return CUBLAS_COMPUTE_32F_FAST_16BF;
     case DType::f16:
-      return CUBLAS_COMPUTE_32F_FAST_16F;
+      return CUBLAS_COMPUTE_32F;  // with 16-bit A and B (operand_type)
     default:
       break;
   }
@@ -131,12 +142,28 @@ cublasComputeType_t compute_type(const char* call, DType math) {
 const char* compute_type_name(DType math) {
   switch (math) {
     case DType::bf16:
-      return "CUBLAS_COMPUTE_32F_FAST_16BF";
+      return "CUBLAS_COMPUTE_32F, A and B narrowed to bf16";
     case DType::f16:
-      return "CUBLAS_COMPUTE_32F_FAST_16F";
+      return "CUBLAS_COMPUTE_32F, A and B narrowed to f16";
     default:
       return "CUBLAS_COMPUTE_32F";
   }
+}
+
+/// The element type A and B are multiplied in: fp32 as stored, or narrowed to 16 bits.
+cudaDataType_t operand_type(DType math) {
+  switch (math) {
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+std::int64_t operand_bytes(DType math) {
+  return math == DType::f32 ? 4 : 2;
 }
 
 // cublasLt.h: layout rows and columns are "usually" supported only as int32 values, and the
@@ -154,9 +181,10 @@ void check_int32(const char* call, const char* name, std::int64_t v) {
 // it). 16 bytes is the widest vector access, and what Hopper's TMA asks of a global
 // address; going up to the 256 bytes cuBLASLt assumes by default would multiply the plans
 // of one shape by up to five for the offsets of views into flat buffers.
-std::uint32_t alignment_of(const void* p, std::int64_t stride, std::int64_t batch) {
+std::uint32_t alignment_of(const void* p, std::int64_t stride, std::int64_t batch,
+                           std::int64_t element_bytes = sizeof(float)) {
   auto bits = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
-  if (batch > 1) bits |= static_cast<std::uint64_t>(stride) * sizeof(float);
+  if (batch > 1) bits |= static_cast<std::uint64_t>(stride * element_bytes);
   std::uint32_t a = 16;
   while (a > 1 && bits % a != 0)
     a /= 2;
@@ -199,11 +227,11 @@ cublasOperation_t op_of(Trans t) {
   return t == Trans::no ? CUBLAS_OP_N : CUBLAS_OP_T;
 }
 
-/// One column-major layout of fp32 elements, batched when batch > 1.
-Layout make_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
-                   std::int64_t stride) {
+/// One column-major layout of `type` elements, batched when batch > 1.
+Layout make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                   std::int64_t batch, std::int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  DST_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, static_cast<std::uint64_t>(rows),
+  DST_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(rows),
                                               static_cast<std::uint64_t>(cols), ld));
   Layout owned(l);
   if (batch > 1) {
@@ -236,9 +264,10 @@ class Plan {
     const std::int64_t a_cols = key.ta == Trans::no ? key.k : key.m;
     const std::int64_t b_rows = key.tb == Trans::no ? key.k : key.n;
     const std::int64_t b_cols = key.tb == Trans::no ? key.n : key.k;
-    a_swapped_ = make_layout(b_cols, b_rows, key.ldb, key.batch, key.stride_b);  // A' = B
-    b_swapped_ = make_layout(a_cols, a_rows, key.lda, key.batch, key.stride_a);  // B' = A
-    c_ = make_layout(key.n, key.m, key.ldc, key.batch, key.stride_c);            // C' = D' = C^T
+    const cudaDataType_t in = operand_type(key.math);
+    a_swapped_ = make_layout(in, b_cols, b_rows, key.ldb, key.batch, key.stride_b);  // A' = B
+    b_swapped_ = make_layout(in, a_cols, a_rows, key.lda, key.batch, key.stride_a);  // B' = A
+    c_ = make_layout(CUDA_R_32F, key.n, key.m, key.ldc, key.batch, key.stride_c);    // C' = C^T
 
     cublasLtMatmulPreference_t p = nullptr;
     DST_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p));
@@ -271,8 +300,9 @@ class Plan {
   }
 
   /// D = C = alpha op(A) op(B) + beta C, row-major operands as gemm.hpp takes them.
+  /// `a`, `b`: of the plan's operand type (fp32, or the narrowed 16-bit copies).
   void run(cublasLtHandle_t handle, cudaStream_t stream, void* workspace, float alpha,
-           const float* a, const float* b, float beta, float* c) const {
+           const void* a, const void* b, float beta, float* c) const {
     DST_CUBLAS_CHECK(cublasLtMatmul(handle, desc_.get(), &alpha, b, a_swapped_.get(), a,
                                     b_swapped_.get(), &beta, c, c_.get(), c, c_.get(), &algo_,
                                     workspace, kCublasLtWorkspaceBytes, stream));
@@ -297,6 +327,8 @@ struct DeviceHandle {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;  // kCublasLtWorkspaceBytes
   float* zeros = nullptr;     // (kZeroCount)
+  void* operands = nullptr;   // the narrowed A and B of 16-bit products (operand_space)
+  std::size_t operand_bytes = 0;
   cudaEvent_t handoff = nullptr;
   cudaStream_t last_stream = nullptr;
   bool used = false;  // a product was enqueued (on last_stream)
@@ -314,6 +346,7 @@ struct DeviceHandle {
     if (cudaSetDevice(device) == cudaSuccess) (void)cudaDeviceSynchronize();
     if (handoff != nullptr) cudaEventDestroy(handoff);
     if (zeros != nullptr) cudaFree(zeros);
+    if (operands != nullptr) cudaFree(operands);
     if (workspace != nullptr) cudaFree(workspace);
     if (handle != nullptr) cublasLtDestroy(handle);
     (void)cudaGetLastError();
@@ -328,6 +361,21 @@ struct DeviceHandle {
     }
     last_stream = stream;
     used = true;
+  }
+
+  /// At least `bytes` of operand space, usable on `stream` after bind(stream): a smaller
+  /// buffer is released in stream order (work queued on it finishes first) and a quarter
+  /// more than asked is allocated, so that a few growing shapes settle quickly.
+  void* operand_space(std::size_t bytes, cudaStream_t stream) {
+    if (bytes > operand_bytes) {
+      if (operands != nullptr) DST_CUDA_CHECK(cudaFreeAsync(operands, stream));
+      operands = nullptr;
+      operand_bytes = 0;
+      const std::size_t grown = bytes + bytes / 4;
+      DST_CUDA_CHECK(cudaMallocAsync(&operands, grown, stream));
+      operand_bytes = grown;
+    }
+    return operands;
   }
 
   const Plan& plan(const PlanKey& key, const char* call) {
@@ -407,9 +455,38 @@ struct Product {
   std::int64_t ldc, stride_c, batch;
 };
 
+/// Elements an operand spans in memory: `rows` x `cols` row-major with leading dimension
+/// `ld`, `batch` of them `stride` apart (the gaps between rows and matrices included).
+std::int64_t span_of(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
+                     std::int64_t stride) {
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
 void run_matmul(DeviceHandle& h, cudaStream_t stream, DType math, const Product& p,
                 const char* call) {
   const bool batched = p.batch > 1;
+  h.bind(stream);
+  const void* a = p.a;
+  const void* b = p.b;
+  const std::int64_t eb = operand_bytes(math);
+  if (math != DType::f32) {
+    // Narrow both operands (their whole spans, row and batch gaps included: the layouts keep
+    // the same leading dimensions and strides) into the operand space, A first, B at the
+    // next 256-byte boundary.
+    const std::int64_t span_a = span_of(p.ta == Trans::no ? p.m : p.k,
+                                        p.ta == Trans::no ? p.k : p.m, p.lda, p.batch, p.stride_a);
+    const std::int64_t span_b = span_of(p.tb == Trans::no ? p.k : p.n,
+                                        p.tb == Trans::no ? p.n : p.k, p.ldb, p.batch, p.stride_b);
+    const std::int64_t b_offset = (span_a * eb + 255) / 256 * 256;
+    auto* space = static_cast<unsigned char*>(
+        h.operand_space(static_cast<std::size_t>(b_offset + span_b * eb), stream));
+    auto* a16 = reinterpret_cast<std::uint16_t*>(space);
+    auto* b16 = reinterpret_cast<std::uint16_t*>(space + b_offset);
+    narrow_to_16bit(stream, p.a, a16, span_a, math == DType::f16);
+    narrow_to_16bit(stream, p.b, b16, span_b, math == DType::f16);
+    a = a16;
+    b = b16;
+  }
   const PlanKey key{p.ta,
                     p.tb,
                     p.m,
@@ -424,12 +501,11 @@ void run_matmul(DeviceHandle& h, cudaStream_t stream, DType math, const Product&
                     p.batch,
                     math,
                     p.beta == 0.0F,
-                    alignment_of(p.a, p.stride_a, p.batch),
-                    alignment_of(p.b, p.stride_b, p.batch),
+                    alignment_of(a, p.stride_a, p.batch, eb),
+                    alignment_of(b, p.stride_b, p.batch, eb),
                     alignment_of(p.c, p.stride_c, p.batch)};
   const Plan& plan = h.plan(key, call);
-  h.bind(stream);
-  plan.run(h.handle, stream, h.workspace, p.alpha, p.a, p.b, p.beta, p.c);
+  plan.run(h.handle, stream, h.workspace, p.alpha, a, b, p.beta, p.c);
 }
 
 // K == 0 or alpha == 0: no product, C = beta C without reading A or B, as BLAS specifies

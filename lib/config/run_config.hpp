@@ -39,6 +39,14 @@ enum class WorldSizeScaling : std::uint8_t { none, linear, sqrt };
 /// training.precision: the storage and multiply precision of the forward and backward.
 enum class Precision : std::uint8_t { fp32, bf16, fp16 };
 
+/// training.recompute: which activations the backward recomputes instead of keeping them
+/// from the forward (docs/performance.md). The gradients are the same bit for bit.
+enum class Recompute : std::uint8_t {
+  none,       ///< keep every activation the backward reads
+  selective,  ///< recompute attention's (B, H, T, T) probabilities (Korthikanti et al. 2022)
+  full,       ///< keep each block's input only; recompute the block's forward in backward
+};
+
 /// parallel.backend as the deck gives it (runtime::resolve_backends resolves `auto`).
 enum class ParallelBackend : std::uint8_t { automatic, mpi, shm, nccl };
 
@@ -168,6 +176,7 @@ struct TrainingSection {
   std::int64_t micro_batch_size = 8;
   std::int64_t grad_accum_steps = 0;  ///< only when global_batch_size is 0; 0 = derived
   Precision precision = Precision::fp32;
+  Recompute recompute = Recompute::none;
   double grad_clip = 1.0;  ///< 0 = no clipping
   OptimizerSection optimizer;
   ScheduleSection schedule;
@@ -332,6 +341,10 @@ struct EnumNames<config::WorldSizeScaling> {
 template <>
 struct EnumNames<config::Precision> {
   static constexpr std::array<const char*, 3> names{"fp32", "bf16", "fp16"};
+};
+template <>
+struct EnumNames<config::Recompute> {
+  static constexpr std::array<const char*, 3> names{"none", "selective", "full"};
 };
 template <>
 struct EnumNames<config::ParallelBackend> {

@@ -310,6 +310,12 @@ void visit_training(V& v, S&... s) {
                "and activations in 16 bits (emulated on CPUs) with fp32 master weights, moments "
                "and reductions; fp16 adds dynamic loss scaling (docs/precision.md)."),
           s.precision...);
+  v.field("training.recompute",
+          Spec("Activations the backward recomputes instead of keeping them from the forward: "
+               "none; selective = attention's (B, H, T, T) probabilities (Korthikanti et al. "
+               "2022); full = everything but each block's input (one more forward of the "
+               "blocks). Same gradients bit for bit; generate ignores it (docs/performance.md)."),
+          s.recompute...);
   v.field("training.grad_clip", Spec("Global gradient-norm clip; 0 = no clipping.").at_least(0),
           s.grad_clip...);
   visit_optimizer(v, s.optimizer...);

@@ -29,6 +29,9 @@ struct DenseModel::Impl {
   std::int64_t B, T, N, C, L;
   Arena acts{"activations", Arena::Mode::plan};
   Arena work{"workspace", Arena::Mode::plan};
+  // training.recompute: the activations every block's record shares (Block::take_shared).
+  Arena recomputed{"recomputed activations", Arena::Mode::plan};
+  config::Recompute recompute = config::Recompute::none;
   // Fused attention (cuDNN SDPA, kernels::fused_attention_*): where the back end supports
   // the shape and the run need not be bitwise deterministic. It keeps (B, H, T) softmax
   // statistics instead of the (B, H, T, T) probabilities and their gradient.
@@ -50,8 +53,9 @@ struct DenseModel::Impl {
     tokens = acts.take("tokens", {N}, DType::i32);
     targets = acts.take("targets", {N}, DType::i32);
     layer.clear();
+    const BlockActs shared = net.block(0).take_shared(recomputed, B, T, fused, recompute);
     for (std::int64_t l = 0; l < L; ++l)
-      layer.push_back(net.block(l).take(acts, B, T, fused));
+      layer.push_back(net.block(l).take(acts, B, T, fused, recompute, shared));
     head = net.head().take(acts, N);
 
     rope = Rope::take(work, T, net.block(0).head_dim());
@@ -102,7 +106,8 @@ struct DenseModel::Impl {
 
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
-                       bool deterministic, float* gradient_memory, float* param_memory)
+                       bool deterministic, float* gradient_memory, float* param_memory,
+                       config::Recompute recompute)
     : impl_(std::make_unique<Impl>(m)),
       params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(), mode, ctx,
                                            gradient_memory, param_memory)),
@@ -133,6 +138,7 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.N = batch * seq_len;
   s.C = m.d_model;
   s.L = m.n_layers;
+  s.recompute = recompute;
   s.net.bind(*params_);
   // Latent attention has no fused core (its query/key and value widths differ).
   s.fused = !deterministic && !m.mla() &&
@@ -143,9 +149,13 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   if (mode == Arena::Mode::allocate) {
     const std::size_t act_bytes = s.acts.used_bytes();
     const std::size_t work_bytes = s.work.used_bytes();
+    const std::size_t recomputed_bytes = s.recomputed.used_bytes();
     const tensor::Device dev = tensor::device_of(ctx);
     s.acts = Arena("activations", Arena::Mode::allocate, act_bytes, dev, ctx.stream);
     s.work = Arena("workspace", Arena::Mode::allocate, work_bytes, dev, ctx.stream);
+    if (recomputed_bytes > 0)
+      s.recomputed =
+          Arena("recomputed activations", Arena::Mode::allocate, recomputed_bytes, dev, ctx.stream);
     s.take_all();
     s.rope.fill(s.c.ctx, m.rope_theta);
     if (storage != DType::f32) {
@@ -186,6 +196,7 @@ ModelMemory DenseModel::memory() const {
   mem.parameters = params_->buffer_elements() * sizeof(float);
   mem.gradients = params_->buffer_elements() * sizeof(float);
   mem.activations = impl_->acts.used_bytes();
+  mem.recompute = impl_->recomputed.used_bytes();
   mem.workspace = impl_->work.used_bytes();
   return mem;
 }

@@ -31,7 +31,11 @@ struct ModelMemory {
   std::uint64_t parameters = 0;
   std::uint64_t gradients = 0;
   std::uint64_t activations = 0;  ///< kept from forward for backward, one micro-batch
-  std::uint64_t workspace = 0;    ///< backward scratch and RoPE tables
+  /// training.recompute: the activations the blocks share and the backward refills block
+  /// by block (full: one block's record but its input; selective: one layer's attention
+  /// probabilities); 0 for none.
+  std::uint64_t recompute = 0;
+  std::uint64_t workspace = 0;  ///< backward scratch and RoPE tables
 };
 
 class DenseModel {
@@ -47,11 +51,13 @@ class DenseModel {
   /// run to run: the fused attention of the CUDA back end (cuDNN SDPA, whose backward
   /// accumulates with atomics), used where it supports the shape and the storage type.
   /// `gradient_memory`, `param_memory`: see ParamStore (the data group's shared-memory
-  /// buffers).
+  /// buffers). `recompute` (training.recompute): which activations are not kept but
+  /// recomputed in backward; the losses and gradients are the same bit for bit, only the
+  /// memory (memory()) and the backward's time differ.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
              tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
              bool deterministic = true, float* gradient_memory = nullptr,
-             float* param_memory = nullptr);
+             float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none);
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;

@@ -3,7 +3,11 @@
 #include "core/error.hpp"
 #include "model/dense_model.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace dst::model {
 
@@ -73,40 +77,138 @@ double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_
   return 6.0 * non_embedding + attention;
 }
 
-Plan make_plan(const config::RunConfig& c, const config::Layout& layout) {
+double recompute_flops_per_token(const config::ModelSection& m, std::int64_t seq_len,
+                                 config::Recompute recompute) {
+  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(seq_len),
+               C = static_cast<double>(m.d_model);
+  switch (recompute) {
+    case config::Recompute::none:
+      return 0.0;
+    case config::Recompute::selective:  // the scores q k^T again: 2 T C per token and layer
+      return 2.0 * L * T * C;
+    case config::Recompute::full:  // the blocks' forward again: a third of their training
+      return 2.0 * static_cast<double>(count_parameters(m).layers) + 4.0 * L * T * C;
+  }
+  return 0.0;
+}
+
+const std::vector<HostRates>& rate_table() {
+  // docs/performance.md, "The rate table", says how each figure was obtained.
+  static const std::vector<HostRates> table{
+      {"cpu",
+       "measured: the 2-core VM of docs/performance.md, one rank per core; SGEMM 2048^3 "
+       "start-up median; shared-memory gradient sum of 118 MB on 2 ranks",
+       118.0, 118.0, 2, 6.9, 0.0, 0.0},
+      {"cpu-mpi",
+       "measured: the same VM; Open MPI's all-reduce of 16 MiB on 2 ranks "
+       "(comm_allreduce_benchmark)",
+       118.0, 118.0, 2, 1.5, 0.0, 0.0},
+      {"h100",
+       "data sheet: H100 SXM5 80 GB (79.6 GiB usable), dense FP32 67 / BF16 989 TFLOP/s; "
+       "NVLink 4 450 GB/s per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across "
+       "nodes",
+       67000.0, 989000.0, 8, 450.0, 50.0, 79.6},
+      {"h200",
+       "data sheet: H200 SXM 141 GB (140.4 GiB usable), dense FP32 67 / BF16 989 TFLOP/s; "
+       "NVLink 4 450 GB/s per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across "
+       "nodes",
+       67000.0, 989000.0, 8, 450.0, 50.0, 140.4},
+  };
+  return table;
+}
+
+const HostRates& host_rates(const std::string& kind) {
+  std::string names;
+  for (const HostRates& r : rate_table()) {
+    if (r.kind == kind) return r;
+    names += (names.empty() ? "" : ", ") + r.kind;
+  }
+  throw Error("plan: no rates for host kind '" + kind + "' (the rate table has " + names + ")");
+}
+
+Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
+               const PlanOptions& options) {
   const auto& m = c.model;
+  if (options.zero_stage < 0 || options.zero_stage > 2)
+    throw Error("plan: zero stage must be 0, 1 or 2, got " + std::to_string(options.zero_stage));
+  const HostRates& rates = host_rates(options.host);
   Plan plan;
+  plan.options = options;
   plan.params = count_parameters(m);
   const std::int64_t T = c.data.seq_len;
   plan.flops_per_token = training_flops_per_token(m, T);
+  plan.recompute_flops_per_token = recompute_flops_per_token(m, T, c.training.recompute);
   plan.tokens_per_step = layout.global_batch_size * T;
   plan.flops_per_step = plan.flops_per_token * static_cast<double>(plan.tokens_per_step);
 
   // The layout pass: the model's own constructor, in planning mode, takes every buffer
   // it would allocate for a micro-batch and allocates nothing.
-  const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan);
+  const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
+                         DType::f32, true, nullptr, nullptr, c.training.recompute);
   if (model.params().parameter_count() != plan.params.total())
     throw Error("plan: the model's layout has " + std::to_string(model.params().parameter_count()) +
                 " parameters but the closed form gives " + std::to_string(plan.params.total()));
   const ModelMemory mm = model.memory();
 
-  // Every rank holds the whole model: data-parallel ranks are replicas, and tensor and
-  // pipeline parallelism, which would split it, are not implemented (the deck refuses
-  // them, issue 31).
+  // Every rank holds the whole model for its forward and backward: data-parallel ranks
+  // are replicas, and tensor and pipeline parallelism, which would split it, are not
+  // implemented (the deck refuses them, issue 31). ZeRO divides what only the optimizer
+  // step reads by the data ranks.
+  const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
+  const std::uint64_t full = mm.parameters;  // one fp32 flat buffer (with alignment)
+  const auto shard = [&](bool sharded) { return sharded ? (full + D - 1) / D : full; };
   const bool low_precision = c.training.precision != config::Precision::fp32;
   auto& mem = plan.memory;
-  // fp32 master weights, plus a 16-bit compute copy in bf16/fp16 runs.
-  mem.parameters = mm.parameters + (low_precision ? mm.parameters / 2 : 0);
-  mem.gradients = mm.gradients;
-  mem.optimizer = 2 * mm.parameters;  // AdamW first and second moments, fp32
+  // fp32: the master parameters are what the forward reads. bf16/fp16: a 16-bit compute
+  // copy for the forward and fp32 master weights for the optimizer.
+  mem.parameters = low_precision ? full / 2 : full;
+  mem.master = low_precision ? shard(options.zero_stage >= 1) : 0;
+  // Stage 2 keeps a shard of the reduced gradients; accumulating micro-batches needs
+  // every parameter's local gradient until the last one, so the whole buffer stays then.
+  mem.gradients = shard(options.zero_stage >= 2 && layout.grad_accum_steps == 1);
+  mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
   mem.activations = mm.activations;
-  // Backward scratch plus two gradient all-reduce buckets in flight.
+  mem.recompute = mm.recompute;
+  mem.workspace = mm.workspace;
+  // Two gradient buckets in flight through the communicator.
   const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
-  mem.workspace = mm.workspace + (layout.data > 1 ? 2 * bucket : 0);
+  mem.comm = D > 1 && options.bucket_copies ? 2 * std::min(bucket, full) : 0;
 
-  // Ring all-reduce moves 2 (p-1)/p of the gradient bytes per rank (fp32 gradients).
-  const double p = layout.data;
-  plan.comm_bytes_per_step = p > 1 ? 2.0 * (p - 1) / p * static_cast<double>(mm.gradients) : 0.0;
+  // Ring algorithms: an all-reduce sends 2 (p-1)/p of the buffer per rank, a
+  // reduce-scatter or an all-gather (p-1)/p.
+  if (D > 1) {
+    const double share = static_cast<double>(D - 1) / static_cast<double>(D);
+    const auto add = [&](std::string what, double bytes, double factor) {
+      plan.collectives.push_back({std::move(what), bytes, factor * share * bytes});
+      plan.comm_bytes_per_step += factor * share * bytes;
+    };
+    if (options.zero_stage == 0) {
+      add("all-reduce of the gradients (fp32)", static_cast<double>(full), 2.0);
+    } else {
+      add("reduce-scatter of the gradients (fp32)", static_cast<double>(full), 1.0);
+      add(low_precision ? "all-gather of the parameters (16-bit)"
+                        : "all-gather of the parameters (fp32)",
+          static_cast<double>(mem.parameters), 1.0);
+    }
+    // Loss sum, tokens, non-finite flag, stop requests (4 doubles); ZeRO: the squared
+    // gradient norm of each shard too.
+    add("all-reduce of the step's scalars", options.zero_stage == 0 ? 32.0 : 40.0, 2.0);
+  }
+
+  // The step's time on the host kind's rates: every executed FLOP at the matrix-product
+  // rate (the attention and the element-wise kernels run slower on CPUs: the prediction
+  // is a lower bound there), every collective's bytes at the bus bandwidth.
+  auto& st = plan.step;
+  st.flops_per_rank = (plan.flops_per_token + plan.recompute_flops_per_token) *
+                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D);
+  const double gflops = low_precision ? rates.gemm_16bit_gflops : rates.gemm_fp32_gflops;
+  st.compute_s = st.flops_per_rank / (gflops * 1e9);
+  // Across nodes the ring runs at the network's rate; a host kind without one (the CPU
+  // rows: one node) at the node's.
+  const bool across_nodes =
+      static_cast<std::int64_t>(D) > rates.ranks_per_node && rates.inter_node_gbs > 0;
+  const double gbs = across_nodes ? rates.inter_node_gbs : rates.intra_node_gbs;
+  st.comm_s = D > 1 ? plan.comm_bytes_per_step / (gbs * 1e9) : 0.0;
   return plan;
 }
 
@@ -141,7 +243,7 @@ namespace dst::model {
 std::string format_plan(const config::RunConfig& c, const config::Layout& layout, const Plan& plan,
                         std::uint64_t available_per_rank) {
   std::string out;
-  char line[256];
+  char line[512];
   auto row = [&](const char* name, const std::string& value, const std::string& note) {
     std::snprintf(line, sizeof(line), "  %-22s %-12s %s", name, value.c_str(), note.c_str());
     std::string text = line;
@@ -177,19 +279,48 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
           std::to_string(c.training.micro_batch_size) + " x " +
           std::to_string(layout.grad_accum_steps) + " accumulation step(s) per rank)");
   row("FLOPs per step", format_count(plan.flops_per_step), "");
+  if (plan.recompute_flops_per_token > 0)
+    row("recompute FLOPs", format_count(plan.recompute_flops_per_token),
+        "per token (training.recompute " + to_string(c.training.recompute) + "; not model FLOPs)");
   const auto& m = plan.memory;
-  row("memory per rank", format_bytes(static_cast<double>(m.total())),
-      "(precision " + to_string(c.training.precision) + ")");
-  row("  parameters", format_bytes(static_cast<double>(m.parameters)), "");
-  row("  gradients", format_bytes(static_cast<double>(m.gradients)), "");
-  row("  optimizer state", format_bytes(static_cast<double>(m.optimizer)), "(AdamW moments, fp32)");
-  row("  activations", format_bytes(static_cast<double>(m.activations)),
-      "(one micro-batch, kept for backward)");
-  row("  workspace", format_bytes(static_cast<double>(m.workspace)), "");
+  const auto bytes = [](std::uint64_t b) { return format_bytes(static_cast<double>(b)); };
+  const int z = plan.options.zero_stage;
+  const std::string by_data = " / " + std::to_string(layout.data) + " data ranks";
+  row("memory per rank", bytes(m.total()),
+      "(precision " + to_string(c.training.precision) + ", zero stage " + std::to_string(z) +
+          ", recompute " + to_string(c.training.recompute) + ")");
+  const bool low = c.training.precision != config::Precision::fp32;
+  row("  parameters", bytes(m.parameters), low ? "(16-bit compute copy)" : "(fp32)");
+  if (low) row("  master weights", bytes(m.master), z >= 1 ? "(fp32" + by_data + ")" : "(fp32)");
+  row("  gradients", bytes(m.gradients),
+      m.gradients < m.parameters * (low ? 2 : 1) ? "(fp32" + by_data + ")" : "(fp32)");
+  row("  optimizer state", bytes(m.optimizer),
+      z >= 1 ? "(AdamW moments, fp32" + by_data + ")" : "(AdamW moments, fp32)");
+  row("  activations", bytes(m.activations), "(one micro-batch, kept for backward)");
+  if (m.recompute > 0)
+    row("  recomputed", bytes(m.recompute), "(one block's share, refilled in backward)");
+  row("  workspace", bytes(m.workspace), "(backward scratch, RoPE tables)");
+  row("  communication", bytes(m.comm),
+      m.comm ? "(two gradient buckets in flight)" : "(none: one data rank or the shared sum)");
   row("available per rank",
       available_per_rank ? format_bytes(static_cast<double>(available_per_rank)) : "unknown", "");
-  row("all-reduce per step", format_bytes(plan.comm_bytes_per_step),
-      "(data-parallel gradients, ring estimate, per rank)");
+  for (const CollectiveVolume& v : plan.collectives)
+    row("communication", format_bytes(v.bytes_per_rank),
+        "per rank and step: " + v.what + " of " + format_bytes(v.buffer_bytes) + " (ring)");
+  const HostRates& r = host_rates(plan.options.host);
+  char time[160];
+  std::snprintf(time, sizeof(time), "%.3g s", plan.step.total_s());
+  char note[256];
+  std::snprintf(note, sizeof(note),
+                "(compute %.3g s at %.0f GFLOP/s + communication %.3g s at %.3g GB/s, not "
+                "overlapped; rates '%s')",
+                plan.step.compute_s, low ? r.gemm_16bit_gflops : r.gemm_fp32_gflops,
+                plan.step.comm_s,
+                static_cast<std::int64_t>(layout.data) > r.ranks_per_node && r.inter_node_gbs > 0
+                    ? r.inter_node_gbs
+                    : r.intra_node_gbs,
+                r.kind.c_str());
+  row("step time", time, note);
   return out;
 }
 

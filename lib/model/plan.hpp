@@ -39,23 +39,87 @@ struct ParamCount {
 
 /// Memory one rank needs, in bytes.
 struct MemoryPlan {
-  std::uint64_t parameters = 0;   ///< fp32 master weights (+ bf16/fp16 compute copy)
-  std::uint64_t gradients = 0;    ///< fp32 gradient buffer
-  std::uint64_t optimizer = 0;    ///< AdamW first and second moments, fp32
+  std::uint64_t parameters = 0;   ///< the weights the forward reads: fp32, or the 16-bit copy
+  std::uint64_t master = 0;       ///< fp32 master weights of a bf16/fp16 run (ZeRO >= 1: a shard)
+  std::uint64_t gradients = 0;    ///< fp32 gradient buffer (ZeRO 2: a shard)
+  std::uint64_t optimizer = 0;    ///< AdamW first and second moments, fp32 (ZeRO >= 1: a shard)
   std::uint64_t activations = 0;  ///< kept for backward, one micro-batch (layout pass)
-  std::uint64_t workspace = 0;    ///< backward scratch (layout pass) + all-reduce buckets
+  /// training.recompute: the activations the blocks share and the backward refills (full:
+  /// one block's record; selective: one layer's attention probabilities). Layout pass.
+  std::uint64_t recompute = 0;
+  std::uint64_t workspace = 0;  ///< backward scratch and RoPE tables (layout pass)
+  std::uint64_t comm = 0;       ///< communication buffers: gradient buckets in flight
   std::uint64_t total() const {
-    return parameters + gradients + optimizer + activations + workspace;
+    return parameters + master + gradients + optimizer + activations + recompute + workspace + comm;
   }
+};
+
+/// Rates of one kind of host that turn a plan's FLOPs and bytes into seconds
+/// (docs/performance.md, "The rate table"): per rank, measured where `source` says so.
+struct HostRates {
+  std::string kind;                 ///< the name `dstrain check --host` takes
+  std::string source;               ///< measured (how, when) or data sheet
+  double gemm_fp32_gflops = 0;      ///< matrix products in fp32, per rank
+  double gemm_16bit_gflops = 0;     ///< bf16/fp16 products (CPUs emulate them: fp32 speed)
+  std::int64_t ranks_per_node = 1;  ///< ranks one node holds
+  double intra_node_gbs = 0;        ///< collective bus bandwidth within a node, GB/s
+  double inter_node_gbs = 0;        ///< collective bus bandwidth across nodes, GB/s per rank
+  double memory_gib = 0;            ///< device memory per rank (0: the host's, not a device)
+};
+
+/// The rate table, in order: "cpu" (this project's 2-core VM, shared-memory gradient sum),
+/// "cpu-mpi" (the same VM, Open MPI's all-reduce), "h100" and "h200" (SXM, NVLink within
+/// 8-GPU nodes, 400 Gb/s InfiniBand per GPU across them: data sheet figures).
+const std::vector<HostRates>& rate_table();
+/// The row named `kind`; throws dst::Error naming the rows for another name.
+const HostRates& host_rates(const std::string& kind);
+
+/// What the plan takes beyond the deck and the layout.
+struct PlanOptions {
+  /// parallel.zero_stage (ZeRO, issue 30): 0 every data rank holds everything; 1 the AdamW
+  /// moments and the fp32 master weights are divided by the data ranks; 2 the gradients
+  /// too (each rank keeps its shard plus the buckets in flight).
+  int zero_stage = 0;
+  /// The row of the rate table that predicts the step time.
+  std::string host = "cpu";
+  /// The gradient collectives copy buckets through the communicator (MPI, NCCL: two
+  /// buckets in flight counted as communication buffers); false for the shared-memory sum
+  /// (parallel.backend shm), which adds in the flat buffers themselves.
+  bool bucket_copies = true;
+};
+
+/// Bytes one rank sends per optimizer step in one collective of the data group (ring
+/// algorithms: all-reduce 2 (p-1)/p S, reduce-scatter and all-gather (p-1)/p S).
+struct CollectiveVolume {
+  std::string what;         ///< "all-reduce of the gradients" ...
+  double buffer_bytes = 0;  ///< S, the whole buffer the collective covers
+  double bytes_per_rank = 0;
+};
+
+/// The predicted time of one optimizer step on a row of the rate table.
+struct StepTime {
+  double flops_per_rank = 0;  ///< executed (recompute included) on one rank
+  double compute_s = 0;       ///< flops_per_rank / the matrix-product rate
+  double comm_s = 0;          ///< every collective's bytes per rank / the bus bandwidth
+  /// compute_s + comm_s: no overlap assumed, an upper bound (the bucketed gradient
+  /// collectives overlap the backward and hide up to min(compute_s, comm_s) of it).
+  double total_s() const { return compute_s + comm_s; }
 };
 
 struct Plan {
   ParamCount params;
-  double flops_per_token = 0;  ///< training (forward + backward) FLOPs per token
+  double flops_per_token = 0;  ///< training (forward + backward) model FLOPs per token
   double flops_per_step = 0;   ///< flops_per_token * tokens per optimizer step
+  /// What training.recompute adds per token (full: the blocks' forward again; selective:
+  /// the attention scores); not model FLOPs (MFU does not count it).
+  double recompute_flops_per_token = 0;
   std::int64_t tokens_per_step = 0;
-  MemoryPlan memory;               ///< per rank
-  double comm_bytes_per_step = 0;  ///< data-parallel gradient all-reduce, per rank
+  PlanOptions options;
+  MemoryPlan memory;  ///< per rank
+  /// The data group's collectives of one step (none on one data rank).
+  std::vector<CollectiveVolume> collectives;
+  double comm_bytes_per_step = 0;  ///< the collectives' bytes per rank, summed
+  StepTime step;                   ///< on host_rates(options.host)
 };
 
 /// Parameter count of the model section.
@@ -71,9 +135,15 @@ ParamCount count_parameters(const config::ModelSection& m);
 /// active: router, shared and top-k routed experts), not the experts it skips.
 double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len);
 
+/// FLOPs per token training.recompute adds to the training FLOPs (see Plan).
+double recompute_flops_per_token(const config::ModelSection& m, std::int64_t seq_len,
+                                 config::Recompute recompute);
+
 /// The whole plan for a config on a layout. Memory comes from a layout-only pass of the
-/// real model (DenseModel in planning mode), so it is what a run would allocate.
-Plan make_plan(const config::RunConfig& c, const config::Layout& layout);
+/// real model (DenseModel in planning mode, with training.recompute), so it is what a run
+/// would allocate.
+Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
+               const PlanOptions& options = {});
 
 /// Human-readable bytes ("1.50 GiB").
 std::string format_bytes(double bytes);

@@ -114,7 +114,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
       storage_type(config.training.precision), config.debug.deterministic,
       shared_ ? shared_->local(kGradBuffer) : nullptr,
-      shared_ ? shared_->local(kParamBuffer) : nullptr);
+      shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute);
   // One rank alone has nothing to share: it updates its own parameters.
   if (shared_ && shared_->size() > 1) {
     shared_update_ = shared_.get();

@@ -75,6 +75,33 @@ void offset_causal_softmax(float* scores, std::int64_t n, std::int64_t p0, std::
       r[j] = 0.0f;
   }
 }
+
+/// a.probs of the group's sequences [b0, b0 + seqs) and heads [h0, h0 + heads) from a.q
+/// and a.k: the scores, their causal softmax, rounded to the storage type. The forward and
+/// the selective recompute both call it, so both write the same bits.
+void causal_probabilities(const Compute& c, const Groups& groups, const AttentionActs& a,
+                          std::int64_t KV, std::int64_t D, float scale, std::int64_t b0,
+                          std::int64_t seqs, std::int64_t h0, std::int64_t heads) {
+  const std::int64_t T = groups.T, H = groups.H;
+  const std::int64_t group = H / KV;  // query heads per key/value head
+  const float* q = a.q.ptr<float>() + b0 * T * H * D;
+  const float* k = a.k.ptr<float>() + b0 * T * KV * D;
+  float* p = a.probs.ptr<float>() + b0 * H * T * T;
+  // One batched product per head and query block over the group's sequences:
+  // scores[b, h][r0:r1, 0:r1] = q[b, r0:r1, h, :] (r1-r0, D) x k[b, 0:r1, h / group, :]^T.
+  // Rows of q are H*D apart; rows of scores T apart.
+  for (std::int64_t h = h0; h < h0 + heads; ++h) {
+    const std::int64_t kh = h / group;
+    groups.for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
+      blas::small_gemm_strided_batched(
+          c.ctx, Trans::no, Trans::yes, r1 - r0, r1, D, q + r0 * H * D + h * D, H * D, T * H * D,
+          k + kh * D, KV * D, T * KV * D, false, p + h * T * T + r0 * T, T, H * T * T, seqs);
+    });
+  }
+  const Tensor probs = groups.head_slice(a.probs, b0, seqs, h0, heads);
+  kernels::causal_softmax_forward(c.ctx, probs, scale, probs);
+  c.store(probs);  // softmax in fp32; the probabilities are stored for P x V
+}
 }  // namespace
 
 // --- RoPE tables -------------------------------------------------------------------------
@@ -130,18 +157,22 @@ void Attention::take_qkv(tensor::Arena& arena, const std::string& prefix, std::i
   v = arena.take(prefix + "v", {N, KV_ * D_}, DType::f32);
 }
 
-AttentionActs Attention::take(tensor::Arena& arena, std::int64_t B, std::int64_t T,
-                              bool fused) const {
+AttentionActs Attention::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                              bool keep_probs) const {
   const std::int64_t N = B * T;
   AttentionActs a;
   take_qkv(arena, "", N, a.q, a.k, a.v);
   if (fused)
     a.stats = arena.take("attn_stats", {B, H_, T}, DType::f32);
-  else
-    a.probs = arena.take("probs", {B, H_, T, T}, DType::f32);
+  else if (keep_probs)
+    a.probs = take_probs(arena, B, T);
   a.attn = arena.take("attn", {N, H_ * D_}, DType::f32);
   a.fused = fused;
   return a;
+}
+
+Tensor Attention::take_probs(tensor::Arena& arena, std::int64_t B, std::int64_t T) const {
+  return arena.take("probs", {B, H_, T, T}, DType::f32);
 }
 
 AttentionScratch Attention::take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T,
@@ -186,38 +217,33 @@ void Attention::unfused_forward(const Compute& c, std::int64_t B, std::int64_t T
   const std::int64_t H = H_, KV = KV_, D = D_;
   const Groups groups{kernels::attention_grouping(c.ctx), B, T, H};
   const std::int64_t group = H / KV;  // query heads per key/value head
-  groups.for_head_groups([&](std::int64_t b0, std::int64_t seqs, std::int64_t h0,
-                             std::int64_t heads) {
-    const float* q = a.q.ptr<float>() + b0 * T * H * D;
-    const float* k = a.k.ptr<float>() + b0 * T * KV * D;
-    const float* v = a.v.ptr<float>() + b0 * T * KV * D;
-    float* p = a.probs.ptr<float>() + b0 * H * T * T;
-    float* out = a.attn.ptr<float>() + b0 * T * H * D;
-    // One batched product per head and query block over the group's sequences:
-    // scores[b, h][r0:r1, 0:r1] = q[b, r0:r1, h, :] (r1-r0, D) x k[b, 0:r1, h / group, :]^T.
-    // Rows of q are H*D apart; rows of scores T apart.
-    for (std::int64_t h = h0; h < h0 + heads; ++h) {
-      const std::int64_t kh = h / group;
-      groups.for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-        blas::small_gemm_strided_batched(
-            c.ctx, Trans::no, Trans::yes, r1 - r0, r1, D, q + r0 * H * D + h * D, H * D, T * H * D,
-            k + kh * D, KV * D, T * KV * D, false, p + h * T * T + r0 * T, T, H * T * T, seqs);
+  groups.for_head_groups(
+      [&](std::int64_t b0, std::int64_t seqs, std::int64_t h0, std::int64_t heads) {
+        causal_probabilities(c, groups, a, KV_, D_, scale_, b0, seqs, h0, heads);
+        const float* v = a.v.ptr<float>() + b0 * T * KV * D;
+        const float* p = a.probs.ptr<float>() + b0 * H * T * T;
+        float* out = a.attn.ptr<float>() + b0 * T * H * D;
+        for (std::int64_t h = h0; h < h0 + heads; ++h) {
+          const std::int64_t kh = h / group;
+          // out[b, r0:r1, h, :] (r1-r0, D) = probs[b, h][r0:r1, 0:r1] x v[b, 0:r1, kh, :]
+          groups.for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
+            blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::no, r1 - r0, D, r1,
+                                             p + h * T * T + r0 * T, T, H * T * T, v + kh * D,
+                                             KV * D, T * KV * D, false, out + r0 * H * D + h * D,
+                                             H * D, T * H * D, seqs);
+          });
+        }
       });
-    }
-    const Tensor probs = groups.head_slice(a.probs, b0, seqs, h0, heads);
-    kernels::causal_softmax_forward(c.ctx, probs, scale_, probs);
-    c.store(probs);  // softmax in fp32; the probabilities are stored for P x V
-    for (std::int64_t h = h0; h < h0 + heads; ++h) {
-      const std::int64_t kh = h / group;
-      // out[b, r0:r1, h, :] (r1-r0, D) = probs[b, h][r0:r1, 0:r1] x v[b, 0:r1, kh, :]
-      groups.for_query_blocks([&](std::int64_t r0, std::int64_t r1) {
-        blas::small_gemm_strided_batched(c.ctx, Trans::no, Trans::no, r1 - r0, D, r1,
-                                         p + h * T * T + r0 * T, T, H * T * T, v + kh * D, KV * D,
-                                         T * KV * D, false, out + r0 * H * D + h * D, H * D,
-                                         T * H * D, seqs);
+}
+
+void Attention::recompute_probs(const Compute& c, std::int64_t B, std::int64_t T,
+                                const AttentionActs& a) const {
+  if (a.fused) return;  // the fused backward recomputes them itself, from the statistics
+  const Groups groups{kernels::attention_grouping(c.ctx), B, T, H_};
+  groups.for_head_groups(
+      [&](std::int64_t b0, std::int64_t seqs, std::int64_t h0, std::int64_t heads) {
+        causal_probabilities(c, groups, a, KV_, D_, scale_, b0, seqs, h0, heads);
       });
-    }
-  });
 }
 
 void Attention::cached_forward(const Compute& c, std::int64_t T, const AttentionActs& a,

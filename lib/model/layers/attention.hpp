@@ -74,8 +74,13 @@ class Attention {
   std::int64_t head_dim() const { return D_; }
 
   /// The record of B sequences of T tokens; `fused`: keep the fused kernels' statistics
-  /// instead of the probabilities.
-  AttentionActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const;
+  /// instead of the probabilities. `keep_probs` false (training.recompute selective): no
+  /// probabilities either; the caller points a.probs at a buffer shared by every layer
+  /// (take_probs) and the backward recomputes them first (recompute_probs).
+  AttentionActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                     bool keep_probs = true) const;
+  /// (B, H, T, T) probabilities of one layer at a time (selective recompute).
+  tensor::Tensor take_probs(tensor::Arena& arena, std::int64_t B, std::int64_t T) const;
   AttentionScratch take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T,
                                 bool fused) const;
 
@@ -86,6 +91,10 @@ class Attention {
   void forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                const tensor::Tensor& x, const AttentionActs& a, const tensor::Tensor& out,
                const KVCache* cache = nullptr) const;
+  /// Writes a.probs again from a.q and a.k, the same arithmetic as the forward's, so the
+  /// same bits (selective recompute: the probabilities were not kept). Nothing when fused.
+  void recompute_probs(const Compute& c, std::int64_t B, std::int64_t T,
+                       const AttentionActs& a) const;
   /// dx (N, dim) = d(loss)/dx (written) from dout (N, dim), which is rounded in place to
   /// the storage type; accumulates the weights' gradients.
   void backward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,

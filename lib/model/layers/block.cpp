@@ -62,21 +62,57 @@ void Block::bind(const ParamStore& params) {
     mlp_.bind(params);
 }
 
-BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const {
+void Block::take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                       bool keep_probs, bool shared, BlockActs& a) const {
   const std::int64_t N = B * T;
-  BlockActs a;
-  a.x = arena.take("x", {N, C_}, DType::f32);
   a.norm1 = norm1_.take(arena, N, "ln1", "rstd1");
   if (mla_)
-    a.mla = mla_->take(arena, B, T);
+    a.mla = mla_->take(arena, B, T, keep_probs);
   else
-    a.attn = attn_.take(arena, B, T, fused);
+    a.attn = attn_.take(arena, B, T, fused, keep_probs);
   a.mid = arena.take("mid", {N, C_}, DType::f32);
   a.norm2 = norm2_.take(arena, N, "ln2", "rstd2");
-  if (moe_)
+  if (shared) {
+    if (model_dense_mlp_) a.mlp = mlp_.take(arena, N);
+    if (model_moe_) a.moe = model_moe_->take(arena, N, false);
+  } else if (moe_) {
     a.moe = moe_->take(arena, N, !arena.planning());
-  else
+  } else {
     a.mlp = mlp_.take(arena, N);
+  }
+}
+
+BlockActs Block::take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                             config::Recompute recompute) const {
+  BlockActs a;
+  a.recompute = recompute;
+  if (recompute == config::Recompute::full)
+    take_inner(arena, B, T, fused, true, true, a);
+  else if (recompute == config::Recompute::selective && mla_)
+    a.mla.probs = mla_->take_probs(arena, B, T);
+  else if (recompute == config::Recompute::selective && !fused)
+    a.attn.probs = attn_.take_probs(arena, B, T);
+  return a;
+}
+
+BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                      config::Recompute recompute, const BlockActs& shared) const {
+  const std::int64_t N = B * T;
+  BlockActs a;
+  if (recompute == config::Recompute::full) a = shared;
+  a.x = arena.take("x", {N, C_}, DType::f32);
+  if (recompute == config::Recompute::full) {
+    // The routing is host state the trainer reads after the step (the block's expert loads).
+    if (moe_ && !arena.planning()) a.moe.routing = moe_->make_routing(N);
+  } else {
+    const bool selective = recompute == config::Recompute::selective;
+    take_inner(arena, B, T, fused, !selective, false, a);
+    if (selective) {
+      a.attn.probs = shared.attn.probs;
+      a.mla.probs = shared.mla.probs;
+    }
+  }
+  a.recompute = recompute;
   return a;
 }
 
@@ -95,6 +131,12 @@ BlockScratch Block::take_scratch(tensor::Arena& arena, std::int64_t B, std::int6
 
 void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                     const BlockActs& a, const tensor::Tensor& out, const KVCache* cache) const {
+  run_forward(c, rope, B, T, a, out, cache, false);
+}
+
+void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                        const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
+                        bool recomputing) const {
   // store(): each activation as a 16-bit back end would keep it (identity for f32).
   // Norm statistics (rstd), softmax and the loss reduce in fp32 and are not rounded.
   norm1_.forward(c, a.x, a.norm1);
@@ -109,7 +151,7 @@ void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int
   c.store(a.mid);  // the residual stream
   norm2_.forward(c, a.mid, a.norm2);
   if (moe_)
-    moe_->forward(c, B, T, a.norm2.out, a.moe, out);
+    moe_->forward(c, B, T, a.norm2.out, a.moe, out, !recomputing);
   else
     mlp_.forward(c, a.norm2.out, a.mlp, out);
   kernels::add(c.ctx, out, a.mid, out);
@@ -119,6 +161,14 @@ void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int
 void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                      const BlockActs& a, const BlockScratch& s, const tensor::Tensor& d_x,
                      const OnReady& ready) const {
+  // Recompute what the forward did not keep: the same operations on the same inputs and
+  // weights, so the same bits as a record that kept them.
+  if (a.recompute == config::Recompute::full)
+    run_forward(c, rope, B, T, a, s.d_ln, nullptr, true);
+  else if (a.recompute == config::Recompute::selective && mla_)
+    mla_->recompute_probs(c, B, T, a.mla);
+  else if (a.recompute == config::Recompute::selective)
+    attn_.recompute_probs(c, B, T, a.attn);
   // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
   if (moe_)
     moe_->backward(c, B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);

@@ -19,16 +19,22 @@
 
 namespace dst::model {
 
-/// What one block keeps from forward for backward.  N = B*T.
+/// What one block keeps from forward for backward.  N = B*T. Under training.recompute
+/// the tensors it does not keep are views of one buffer shared by every block
+/// (Block::take_shared), which the forward overwrites block after block and the backward
+/// refills for its block before using them.
 struct BlockActs {
-  tensor::Tensor x;         // (N, C) block input (residual stream)
+  tensor::Tensor x;         // (N, C) block input (residual stream): always its own
   RmsNormActs norm1;        // (N, C), (N) rmsnorm(x)
   AttentionActs attn;       // q, k, v, probs or stats, attn (standard attention)
   LatentAttentionActs mla;  // multi-head latent attention (model.kv_lora_rank > 0)
   tensor::Tensor mid;       // (N, C) x + o_proj(attn)
   RmsNormActs norm2;        // (N, C), (N) rmsnorm(mid)
   MlpActs mlp;              // h1, h3, g (dense MLP)
-  MoeActs moe;              // DeepSeekMoE (model.moe_layer(l))
+  MoeActs moe;              // DeepSeekMoE (model.moe_layer(l)); its host routing is the block's own
+  /// selective: the attention probabilities (attn.probs or mla.probs) are shared; full:
+  /// everything but x and the MoE routing is shared.
+  config::Recompute recompute = config::Recompute::none;
 };
 
 /// Backward scratch shared by all blocks.
@@ -53,7 +59,19 @@ class Block {
   /// The RoPE tables' head dim: the head dim, or qk_rope_head_dim with latent attention.
   std::int64_t head_dim() const { return mla_ ? mla_->rope_dim() : attn_.head_dim(); }
 
-  BlockActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const;
+  /// The part of the activation records every block shares under `recompute`, taken once
+  /// (from the workspace): full: a whole record but x (one block's activations, with the
+  /// dense MLP's and the MoE layer's parts as the model has them, without MoE routing);
+  /// selective: the attention probabilities, (B, H, T, T) (none when `fused` with standard
+  /// attention); none: nothing.
+  BlockActs take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                        config::Recompute recompute) const;
+  /// This block's record of B sequences of T tokens: what `recompute` keeps comes from
+  /// `arena`, the rest are the views of `shared` (from take_shared; unused for none). An
+  /// MoE block's host routing is always its own (its expert loads are the block's).
+  BlockActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                 config::Recompute recompute = config::Recompute::none,
+                 const BlockActs& shared = {}) const;
   /// The scratch every block of the model can share (dense MLP and MoE parts as the model
   /// has them, whichever block takes it).
   BlockScratch take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const;
@@ -65,13 +83,28 @@ class Block {
   void forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                const BlockActs& a, const tensor::Tensor& out, const KVCache* cache = nullptr) const;
   /// d_x (N, C) holds d(loss)/d(out) on entry, d(loss)/d(a.x) on return; accumulates the
-  /// weights' gradients. Calls ready() twice: after the MLP half (the post-attention
-  /// norm's offset) and at the end (the block's first parameter: all of it is final).
+  /// weights' gradients. First recomputes what a.recompute did not keep: full: the
+  /// block's forward from a.x (its output goes to s.d_ln, unused until the MLP's backward
+  /// writes it); selective: the attention probabilities. Calls ready() twice: after the MLP half
+  /// (the post-attention norm's offset) and at the end (the block's first parameter: all of it is
+  /// final).
   void backward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                 const BlockActs& a, const BlockScratch& s, const tensor::Tensor& d_x,
                 const OnReady& ready) const;
 
  private:
+  /// Everything but x: norm1, attention (`keep_probs`: its probabilities too), mid,
+  /// norm2, the feed-forward part, in this order. `shared`: the record every block shares
+  /// (full recompute): the dense MLP's and the MoE layer's parts as the model has them,
+  /// without MoE routing; otherwise this block's part (an MoE block's routing with it).
+  void take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused, bool keep_probs,
+                  bool shared, BlockActs& a) const;
+  /// forward(); `recomputing`: the backward's refill of a full-recompute record, which
+  /// must not count the MoE layer's expert choices a second time.
+  void run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                   const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
+                   bool recomputing) const;
+
   RmsNorm norm1_;
   Attention attn_;                      // unused with latent attention
   std::optional<LatentAttention> mla_;  // model.kv_lora_rank > 0

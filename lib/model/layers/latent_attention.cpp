@@ -68,8 +68,8 @@ void LatentAttention::bind(const ParamStore& params) {
   o_ = params.index_of(prefix_ + "o_proj.weight");
 }
 
-LatentAttentionActs LatentAttention::take(tensor::Arena& arena, std::int64_t B,
-                                          std::int64_t T) const {
+LatentAttentionActs LatentAttention::take(tensor::Arena& arena, std::int64_t B, std::int64_t T,
+                                          bool keep_probs) const {
   const std::int64_t N = B * T;
   LatentAttentionActs a;
   if (q_lora_ > 0) {
@@ -81,9 +81,18 @@ LatentAttentionActs LatentAttention::take(tensor::Arena& arena, std::int64_t B,
   a.kv_norm = kv_norm_.take(arena, N, "mla_kv_n", "mla_kv_rstd");
   a.k_pe = arena.take("mla_k_pe", {N, rope_}, DType::f32);
   a.kv = arena.take("mla_kv", {N, H_ * (nope_ + v_)}, DType::f32);
-  a.probs = arena.take("probs", {B, H_, T, T}, DType::f32);
+  if (keep_probs) a.probs = take_probs(arena, B, T);
   a.attn = arena.take("attn", {N, H_ * v_}, DType::f32);
   return a;
+}
+
+Tensor LatentAttention::take_probs(tensor::Arena& arena, std::int64_t B, std::int64_t T) const {
+  return arena.take("probs", {B, H_, T, T}, DType::f32);
+}
+
+void LatentAttention::recompute_probs(const Compute& c, std::int64_t B, std::int64_t T,
+                                      const LatentAttentionActs& a) const {
+  core_forward(c, B, T, a, false);
 }
 
 LatentAttentionScratch LatentAttention::take_scratch(tensor::Arena& arena, std::int64_t B,
@@ -130,13 +139,13 @@ void LatentAttention::forward(const Compute& c, const Rope& rope, std::int64_t B
   c.store(a.q);
   c.store(a.k_pe);
   c.store(a.kv);
-  core_forward(c, B, T, a);
+  core_forward(c, B, T, a, true);
   c.store(a.attn);
   blas::linear_forward(c.ctx, a.attn, c.weight(o_), out);
 }
 
 void LatentAttention::core_forward(const Compute& c, std::int64_t B, std::int64_t T,
-                                   const LatentAttentionActs& a) const {
+                                   const LatentAttentionActs& a, bool heads_out) const {
   const std::int64_t H = H_, dn = nope_, dr = rope_, dv = v_;
   const std::int64_t QW = H * (dn + dr), KW = H * (dn + dv), AW = H * dv;  // row widths
   const kernels::AttentionGrouping g = kernels::attention_grouping(c.ctx);
@@ -168,6 +177,7 @@ void LatentAttention::core_forward(const Compute& c, std::int64_t B, std::int64_
       probs.shape = tensor::Shape{seqs, heads, T, T};
       kernels::causal_softmax_forward(c.ctx, probs, scale_, probs);
       c.store(probs);
+      if (!heads_out) continue;
       for (std::int64_t h = h0; h < h0 + heads; ++h)
         for (std::int64_t r0 = 0; r0 < T; r0 += block) {
           const std::int64_t r1 = std::min(T, r0 + block);

@@ -66,7 +66,12 @@ class LatentAttention {
   /// The RoPE tables' head dim: qk_rope_head_dim.
   std::int64_t rope_dim() const { return rope_; }
 
-  LatentAttentionActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T) const;
+  /// `keep_probs`: false under selective recompute (the probabilities are a shared
+  /// buffer, Block::take_shared, refilled by recompute_probs).
+  LatentAttentionActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T,
+                           bool keep_probs = true) const;
+  /// The (B, H, T, T) attention probabilities' buffer.
+  tensor::Tensor take_probs(tensor::Arena& arena, std::int64_t B, std::int64_t T) const;
   LatentAttentionScratch take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T) const;
 
   /// out (N, C) = o_proj(attention(x)) for x (N, C) of B sequences of T tokens at positions
@@ -74,6 +79,10 @@ class LatentAttention {
   void forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                const tensor::Tensor& x, const LatentAttentionActs& a,
                const tensor::Tensor& out) const;
+  /// a.probs as forward computed them, from the kept a.q, a.kv and a.k_pe (the same
+  /// operations, so the same bits): selective recompute's refill before backward.
+  void recompute_probs(const Compute& c, std::int64_t B, std::int64_t T,
+                       const LatentAttentionActs& a) const;
   /// dx (N, C) = d(loss)/dx (written) from dout (N, C), which is rounded in place to the
   /// storage type; accumulates the weights' gradients.
   void backward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
@@ -81,8 +90,9 @@ class LatentAttention {
                 const LatentAttentionScratch& s, const tensor::Tensor& dx) const;
 
  private:
-  void core_forward(const Compute& c, std::int64_t B, std::int64_t T,
-                    const LatentAttentionActs& a) const;
+  /// a.probs and, with `heads_out`, a.attn from a.q, a.kv and a.k_pe.
+  void core_forward(const Compute& c, std::int64_t B, std::int64_t T, const LatentAttentionActs& a,
+                    bool heads_out) const;
   void core_backward(const Compute& c, std::int64_t B, std::int64_t T, const LatentAttentionActs& a,
                      const LatentAttentionScratch& s) const;
 

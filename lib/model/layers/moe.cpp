@@ -86,17 +86,21 @@ MoeActs Moe::take(tensor::Arena& arena, std::int64_t rows, bool allocate) const 
   a.h3 = arena.take("moe_h3", {R, I_}, DType::f32);
   a.g = arena.take("moe_g", {R, I_}, DType::f32);
   a.y = arena.take("moe_y", {R, C_}, DType::f32);
-  if (allocate) {
-    a.routing = std::make_shared<MoeRouting>();
-    MoeRouting& r = *a.routing;
-    r.scores.resize(static_cast<std::size_t>(rows * E_));
-    r.d_scores.resize(r.scores.size());
-    r.idx.resize(static_cast<std::size_t>(R));
-    r.weights.resize(static_cast<std::size_t>(R));
-    r.d_weights.resize(static_cast<std::size_t>(R));
-    r.load.assign(static_cast<std::size_t>(E_), 0.0);
-  }
+  if (allocate) a.routing = make_routing(rows);
   return a;
+}
+
+std::shared_ptr<MoeRouting> Moe::make_routing(std::int64_t rows) const {
+  const std::int64_t R = rows * K_;
+  auto routing = std::make_shared<MoeRouting>();
+  MoeRouting& r = *routing;
+  r.scores.resize(static_cast<std::size_t>(rows * E_));
+  r.d_scores.resize(r.scores.size());
+  r.idx.resize(static_cast<std::size_t>(R));
+  r.weights.resize(static_cast<std::size_t>(R));
+  r.d_weights.resize(static_cast<std::size_t>(R));
+  r.load.assign(static_cast<std::size_t>(E_), 0.0);
+  return routing;
 }
 
 MoeScratch Moe::take_scratch(tensor::Arena& arena, std::int64_t rows) const {
@@ -110,7 +114,7 @@ MoeScratch Moe::take_scratch(tensor::Arena& arena, std::int64_t rows) const {
 }
 
 void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor& x,
-                  const MoeActs& a, const Tensor& out) const {
+                  const MoeActs& a, const Tensor& out, bool count) const {
   check_host(c);
   const std::int64_t N = B * T, C = C_, K = K_;
   MoeRouting& r = *a.routing;
@@ -119,8 +123,9 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   const float* bias = has_bias() ? c.params->param(bias_).ptr<float>() : nullptr;
   route_forward(shape_, N, a.logits.ptr<float>(), bias, r.scores.data(), r.idx.data(),
                 r.weights.data());
-  for (std::int64_t i = 0; i < N * K; ++i)
-    r.load[static_cast<std::size_t>(r.idx[static_cast<std::size_t>(i)])] += 1.0;
+  if (count)
+    for (std::int64_t i = 0; i < N * K; ++i)
+      r.load[static_cast<std::size_t>(r.idx[static_cast<std::size_t>(i)])] += 1.0;
   r.aux_loss = aux_alpha_ > 0.0 ? seq_aux_loss(shape_, B, T, aux_alpha_, r.scores.data(),
                                                r.idx.data(), 0.0f, nullptr)
                                 : 0.0;

@@ -76,13 +76,16 @@ class Moe {
 
   /// `allocate`: whether the record's host routing state is made (not in a planning pass).
   MoeActs take(tensor::Arena& arena, std::int64_t rows, bool allocate) const;
+  /// The host routing state of a record of `rows` tokens (loads zero).
+  std::shared_ptr<MoeRouting> make_routing(std::int64_t rows) const;
   MoeScratch take_scratch(tensor::Arena& arena, std::int64_t rows) const;
 
   /// out (N, C) = the layer of x (N, C), B sequences of T tokens (the balance loss is per
-  /// sequence); keeps a, adds the choices to a.routing->load and the balance loss to
+  /// sequence); keeps a, adds the choices to a.routing->load (unless `count` is false: a
+  /// recomputed forward, whose choices were counted) and sets the balance loss in
   /// a.routing->aux_loss.
   void forward(const Compute& c, std::int64_t B, std::int64_t T, const tensor::Tensor& x,
-               const MoeActs& a, const tensor::Tensor& out) const;
+               const MoeActs& a, const tensor::Tensor& out, bool count = true) const;
   /// dx (N, C) = d(loss)/dx (written) from dout (N, C), rounded in place to the storage
   /// type; accumulates the weights' gradients (the balance loss's, scaled by
   /// c.aux_grad_scale, included).

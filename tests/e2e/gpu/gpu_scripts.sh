@@ -4,7 +4,8 @@
 # 1. summarize.py on synthetic metrics: a loss difference under the threshold passes, one
 #    over it, a missing step, a run on the wrong back end, a failed GoogleTest and one
 #    whose tests all skipped themselves (no device seen) fail;
-#    throughput figures (median, MFU, phases after the warm-up) come out as computed here.
+#    throughput figures (median, MFU, phases after the warm-up, the ratio to PyTorch's
+#    tokens/s where it ran) come out as computed here.
 # 2. summarize.py's parameter count and FLOPs per token equal `dstrain check`'s for
 #    inputs/gpu/deepseek-1b.yaml (the plan's closed form, lib/model/plan.cpp).
 # 3. inputs/gpu/parity.yaml and bf16_drift.yaml, trained briefly on the CPU, summarised
@@ -104,6 +105,12 @@ with open(os.path.join(raw, "smi.csv"), "w") as f:
     f.write("2026/01/01 00:00:00.000, 1000, 0, 345, 80.5\n2026/01/01 00:00:00.500, 90000, 99, 1980, 650.0\n")
 t = s.throughput_report(raw, warmup=10)
 assert t["passed"], t["failures"]
+assert t["pytorch"] == {}, t["pytorch"]  # none ran: nothing reported, nothing failed
+with open(os.path.join(raw, "torch-eager.json"), "w") as f:
+    f.write(json.dumps({"mode": "eager", "median_tokens_per_s": 4100.0}) + "\n")
+t = s.throughput_report(raw, warmup=10)
+assert t["passed"] and list(t["pytorch"]) == ["eager"], t["pytorch"]
+assert t["pytorch"]["eager"]["dstrain_ratio"] == 0.5, t["pytorch"]
 tr = t["training"]
 assert tr["steps_measured"] == 20 and tr["median_tokens_per_s"] == 2050.0, tr
 fpt = 6.0 * (1633781760 - 209715200) + 12.0 * 24 * 2048 * 2048

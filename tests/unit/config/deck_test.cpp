@@ -699,6 +699,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "training.micro_batch_size=4",
     "training.grad_accum_steps=3",
     "training.precision=bf16",
+    "training.recompute=selective",
     "training.grad_clip=0.30000000000000004",
     "training.optimizer.type=adamw",
     "training.optimizer.lr=0.1",

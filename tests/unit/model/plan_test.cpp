@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "config/deck.hpp"
+#include "core/error.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -99,7 +100,8 @@ TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
 
   c.training.precision = dst::config::Precision::bf16;
   const auto p16 = dst::model::make_plan(c, one);
-  EXPECT_EQ(p16.memory.parameters, 6ull * 6910365696);  // fp32 master + bf16 copy
+  EXPECT_EQ(p16.memory.parameters, 2ull * 6910365696);  // the bf16 compute copy
+  EXPECT_EQ(p16.memory.master, 4ull * 6910365696);      // fp32 master weights
 
   // Data-parallel ranks each hold the whole model; only the all-reduce appears.
   dst::config::Layout dp2 = one;
@@ -116,6 +118,102 @@ TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
   claimed.tensor = 2;
   claimed.pipeline = 2;
   EXPECT_EQ(dst::model::make_plan(c, claimed).memory.total(), p16.memory.total());
+}
+
+TEST(Plan, ZeroStagesDivideWhatOnlyTheOptimizerStepReads) {
+  dst::config::RunConfig c;
+  c.model = deepseek_llm_7b();
+  c.data.seq_len = 4096;
+  c.training.micro_batch_size = 1;
+  c.training.precision = dst::config::Precision::bf16;
+  dst::config::Layout dp8;
+  dp8.world_size = 8;
+  dp8.data = 8;
+  dp8.global_batch_size = 8;
+  dp8.grad_accum_steps = 1;
+  const std::uint64_t P = 4ull * 6910365696;  // one fp32 flat buffer (the tensors are aligned)
+  dst::model::PlanOptions o;
+  const auto z0 = dst::model::make_plan(c, dp8, o);
+  o.zero_stage = 1;
+  const auto z1 = dst::model::make_plan(c, dp8, o);
+  o.zero_stage = 2;
+  const auto z2 = dst::model::make_plan(c, dp8, o);
+  EXPECT_EQ(z0.memory.optimizer, 2 * P);
+  EXPECT_EQ(z1.memory.optimizer, 2 * (P / 8));
+  EXPECT_EQ(z1.memory.master, P / 8);
+  EXPECT_EQ(z1.memory.gradients, P);
+  EXPECT_EQ(z2.memory.gradients, P / 8);
+  EXPECT_EQ(z2.memory.parameters, z0.memory.parameters);  // the forward reads every weight
+  EXPECT_EQ(z2.memory.activations, z0.memory.activations);
+  // Bytes per parameter: 2 + 4 + 12 (replicas), 2 + 4 + 12/8 (stage 1), 2 + 16/8 (stage 2).
+  const auto model_bytes = [](const dst::model::MemoryPlan& m) {
+    return m.parameters + m.master + m.gradients + m.optimizer;
+  };
+  EXPECT_EQ(model_bytes(z0.memory), 18 * (P / 4));
+  EXPECT_EQ(model_bytes(z1.memory), P / 2 + P + 3 * (P / 8));
+  EXPECT_EQ(model_bytes(z2.memory), P / 2 + 4 * (P / 8));
+  // The same bytes on the wire per rank: an all-reduce is a reduce-scatter plus an
+  // all-gather, and stage 1/2 gathers the 16-bit parameters instead of fp32 gradients.
+  ASSERT_EQ(z0.collectives.size(), 2u);
+  EXPECT_DOUBLE_EQ(z0.collectives[0].bytes_per_rank, 2.0 * 7.0 / 8.0 * static_cast<double>(P));
+  ASSERT_EQ(z1.collectives.size(), 3u);
+  EXPECT_DOUBLE_EQ(z1.collectives[0].bytes_per_rank, 7.0 / 8.0 * static_cast<double>(P));
+  EXPECT_DOUBLE_EQ(z1.collectives[1].bytes_per_rank, 7.0 / 8.0 * static_cast<double>(P / 2));
+  // Accumulating micro-batches keeps the whole gradient buffer at stage 2.
+  dst::config::Layout accum = dp8;
+  accum.global_batch_size = 32;
+  accum.grad_accum_steps = 4;
+  EXPECT_EQ(dst::model::make_plan(c, accum, o).memory.gradients, P);
+  o.zero_stage = 3;
+  EXPECT_THROW(dst::model::make_plan(c, dp8, o), dst::Error);
+}
+
+TEST(Plan, RecomputeTradesActivationsForFlops) {
+  dst::config::RunConfig c;
+  c.model = deepseek_llm_7b();
+  c.data.seq_len = 4096;
+  c.training.micro_batch_size = 1;
+  dst::config::Layout one;
+  one.global_batch_size = 1;
+  const auto none = dst::model::make_plan(c, one);
+  c.training.recompute = dst::config::Recompute::selective;
+  const auto selective = dst::model::make_plan(c, one);
+  c.training.recompute = dst::config::Recompute::full;
+  const auto full = dst::model::make_plan(c, one);
+  const std::uint64_t probs = 4ull * 32 * 4096 * 4096;  // (B, H, T, T) fp32, one layer
+  EXPECT_EQ(none.memory.activations - selective.memory.activations, 30 * probs);
+  EXPECT_EQ(selective.memory.recompute, probs);
+  EXPECT_EQ(none.memory.recompute, 0u);
+  EXPECT_LT(full.memory.activations + full.memory.recompute,
+            (selective.memory.activations + selective.memory.recompute) / 4);
+  // Model FLOPs do not change; the executed ones grow by the recomputed forward.
+  EXPECT_EQ(full.flops_per_token, none.flops_per_token);
+  const double layers = static_cast<double>(dst::model::count_parameters(c.model).layers);
+  EXPECT_DOUBLE_EQ(full.recompute_flops_per_token, 2 * layers + 4.0 * 30 * 4096 * 4096);
+  EXPECT_DOUBLE_EQ(selective.recompute_flops_per_token, 2.0 * 30 * 4096 * 4096);
+  EXPECT_GT(full.step.compute_s, none.step.compute_s * 1.25);
+}
+
+TEST(Plan, StepTimeComesFromTheRateTable) {
+  dst::config::RunConfig c;
+  c.model = deepseek_llm_7b();
+  c.data.seq_len = 4096;
+  c.training.micro_batch_size = 1;
+  c.training.precision = dst::config::Precision::bf16;
+  dst::config::Layout dp64;
+  dp64.world_size = 64;
+  dp64.data = 64;
+  dp64.global_batch_size = 64;
+  dst::model::PlanOptions o;
+  o.host = "h100";
+  const auto p = dst::model::make_plan(c, dp64, o);
+  const auto& r = dst::model::host_rates("h100");
+  EXPECT_DOUBLE_EQ(p.step.compute_s, p.flops_per_token * 4096 / (r.gemm_16bit_gflops * 1e9));
+  // 64 ranks span 8 nodes: the ring runs at the network's rate.
+  EXPECT_DOUBLE_EQ(p.step.comm_s, p.comm_bytes_per_step / (r.inter_node_gbs * 1e9));
+  EXPECT_THROW(dst::model::host_rates("tpu"), dst::Error);
+  for (const auto& row : dst::model::rate_table())
+    EXPECT_FALSE(row.source.empty()) << row.kind;
 }
 
 TEST(Plan, Formatting) {
