@@ -196,6 +196,9 @@ ModelMemory DenseModel::memory() const {
   mem.parameters = params_->buffer_elements() * sizeof(float);
   mem.gradients = params_->buffer_elements() * sizeof(float);
   mem.activations = impl_->acts.used_bytes();
+  // MoE blocks keep their routing on the host, outside the arenas (Moe::routing_bytes).
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (const Moe* m = impl_->net.block(l).moe()) mem.activations += m->routing_bytes(impl_->N);
   mem.recompute = impl_->recomputed.used_bytes();
   mem.workspace = impl_->work.used_bytes();
   return mem;

@@ -30,7 +30,8 @@ namespace dst::model {
 struct ModelMemory {
   std::uint64_t parameters = 0;
   std::uint64_t gradients = 0;
-  std::uint64_t activations = 0;  ///< kept from forward for backward, one micro-batch
+  /// Kept from forward for backward, one micro-batch (MoE blocks' host routing included).
+  std::uint64_t activations = 0;
   /// training.recompute: the activations the blocks share and the backward refills block
   /// by block (full: one block's record but its input; selective: one layer's attention
   /// probabilities); 0 for none.

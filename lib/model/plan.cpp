@@ -59,6 +59,20 @@ ParamCount count_parameters(const config::ModelSection& m) {
   return p;
 }
 
+namespace {
+/// Widths of all heads' queries/keys and values: d_model each for dense attention, the
+/// latent attention's head dims times the heads with MLA.
+struct AttentionWidths {
+  double qk, v;
+};
+AttentionWidths attention_widths(const config::ModelSection& m) {
+  if (m.mla())
+    return {static_cast<double>(m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)),
+            static_cast<double>(m.n_heads * m.v_head_dim)};
+  return {static_cast<double>(m.d_model), static_cast<double>(m.d_model)};
+}
+}  // namespace
+
 double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len) {
   const ParamCount p = count_parameters(m);
   // The project's one definition of model FLOPs (MFU uses it): 6 FLOPs per active
@@ -66,28 +80,28 @@ double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_
   // included even when it is tied to the embedding, plus attention scores and values.
   const double non_embedding = static_cast<double>(p.active() - p.embedding) +
                                (m.tie_embeddings ? static_cast<double>(p.embedding) : 0.0);
-  // Widths of all heads' queries/keys and values: d_model each for dense attention.
-  const double qk_width =
-      m.mla() ? static_cast<double>(m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim))
-              : static_cast<double>(m.d_model);
-  const double v_width =
-      m.mla() ? static_cast<double>(m.n_heads * m.v_head_dim) : static_cast<double>(m.d_model);
+  const AttentionWidths w = attention_widths(m);
   const double attention =
-      6.0 * static_cast<double>(m.n_layers) * static_cast<double>(seq_len) * (qk_width + v_width);
+      6.0 * static_cast<double>(m.n_layers) * static_cast<double>(seq_len) * (w.qk + w.v);
   return 6.0 * non_embedding + attention;
 }
 
 double recompute_flops_per_token(const config::ModelSection& m, std::int64_t seq_len,
                                  config::Recompute recompute) {
-  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(seq_len),
-               C = static_cast<double>(m.d_model);
+  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(seq_len);
+  const AttentionWidths w = attention_widths(m);
   switch (recompute) {
     case config::Recompute::none:
       return 0.0;
-    case config::Recompute::selective:  // the scores q k^T again: 2 T C per token and layer
-      return 2.0 * L * T * C;
-    case config::Recompute::full:  // the blocks' forward again: a third of their training
-      return 2.0 * static_cast<double>(count_parameters(m).layers) + 4.0 * L * T * C;
+    case config::Recompute::selective:  // the scores q k^T again: 2 T qk per token and layer
+      return 2.0 * L * T * w.qk;
+    case config::Recompute::full: {  // the blocks' forward again: a third of their training
+      const ParamCount p = count_parameters(m);
+      // A token runs its top-k routed experts only: the blocks' active parameters.
+      const double active_layers = static_cast<double>(p.per_layer * (m.n_layers - p.moe_layers) +
+                                                       p.per_moe_layer_active * p.moe_layers);
+      return 2.0 * active_layers + 2.0 * L * T * (w.qk + w.v);
+    }
   }
   return 0.0;
 }
@@ -167,6 +181,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // every parameter's local gradient until the last one, so the whole buffer stays then.
   mem.gradients = shard(options.zero_stage >= 2 && layout.grad_accum_steps == 1);
   mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
+  // Routed experts' activations depend on the routing. The plan is dropless with the
+  // expected balanced load, top_k x tokens / n_routed_experts rows per expert; the MoE
+  // layer takes its N x top_k rows as one buffer sorted by expert (Moe::take), so the
+  // total is that whatever the imbalance. MoE blocks' host routing is in mm.activations.
   mem.activations = mm.activations;
   mem.recompute = mm.recompute;
   mem.workspace = mm.workspace;

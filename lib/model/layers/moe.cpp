@@ -103,6 +103,16 @@ std::shared_ptr<MoeRouting> Moe::make_routing(std::int64_t rows) const {
   return routing;
 }
 
+std::uint64_t Moe::routing_bytes(std::int64_t rows) const {
+  const auto R = static_cast<std::uint64_t>(rows * K_), E = static_cast<std::uint64_t>(E_);
+  const auto n = static_cast<std::uint64_t>(rows);
+  return 2 * n * E * sizeof(float)                         // scores, d_scores
+         + R * (sizeof(std::int32_t) + 2 * sizeof(float))  // idx, weights, d_weights
+         + E * sizeof(double)                              // load
+         + (E + 1) * sizeof(std::int64_t)                  // rows.offset
+         + 2 * R * sizeof(std::int32_t);                   // rows.token, rows.row
+}
+
 MoeScratch Moe::take_scratch(tensor::Arena& arena, std::int64_t rows) const {
   const std::int64_t R = rows * K_;
   MoeScratch s;

@@ -78,6 +78,9 @@ class Moe {
   MoeActs take(tensor::Arena& arena, std::int64_t rows, bool allocate) const;
   /// The host routing state of a record of `rows` tokens (loads zero).
   std::shared_ptr<MoeRouting> make_routing(std::int64_t rows) const;
+  /// The bytes of make_routing(rows) with its expert rows sorted: host memory outside
+  /// the arenas (the plan counts it with the activations).
+  std::uint64_t routing_bytes(std::int64_t rows) const;
   MoeScratch take_scratch(tensor::Arena& arena, std::int64_t rows) const;
 
   /// out (N, C) = the layer of x (N, C), B sequences of T tokens (the balance loss is per
