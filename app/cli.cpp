@@ -286,8 +286,9 @@ checksum mismatch; the message names the check and the tensor); see docs/tools.m
     return R"(usage: dstrain export <step-N.h5> --format safetensors --out DIR [--dtype f32|bf16]
 
 Writes the checkpoint's parameters (not the optimizer moments) for Hugging Face
-transformers: DIR/model.safetensors, DIR/config.json (LlamaForCausalLM, from the deck
-stored in the checkpoint) and DIR/tokenizer.json when the run used a tokenizer.json.
+transformers: DIR/model.safetensors, DIR/config.json (LlamaForCausalLM, or
+DeepseekV3/V2ForCausalLM for latent-attention models, from the deck stored in the
+checkpoint) and DIR/tokenizer.json when the run used a tokenizer.json.
   AutoModelForCausalLM.from_pretrained(DIR)   loads the result.
 
 options:

@@ -1,5 +1,6 @@
 // dstrain export: a checkpoint's parameters as safetensors, with the Hugging Face
-// config.json (LlamaForCausalLM) and the run's tokenizer.json, for `transformers`.
+// config.json (LlamaForCausalLM, or DeepseekV3/V2ForCausalLM for latent-attention
+// models) and the run's tokenizer.json, for `transformers`.
 // Also the helpers the checkpoint tools share (commands.hpp).
 #include <cstdio>
 #include <filesystem>
@@ -118,6 +119,8 @@ int run_export(runtime::Runtime& rt, const Command& cmd) {
           "no tokenizer file: the checkpoint stores none (tokenizer '" + meta.tokenizer_name + "')";
     }
 
+    // Before any weight is written: a model transformers has no architecture for fails here.
+    const std::string config_text = model::hf_config_json(m, hf);
     const model::ParamStore& ps = *cm.params;
     std::vector<ckpt::StTensor> tensors;
     for (std::size_t i = 0; i < ps.size(); ++i) {
@@ -134,14 +137,18 @@ int run_export(runtime::Runtime& rt, const Command& cmd) {
     const auto dtype = o.dtype == "bf16" ? ckpt::StDType::bf16 : ckpt::StDType::f32;
     const std::uint64_t bytes =
         ckpt::write_safetensors((dir / "model.safetensors").string(), tensors, dtype, st_meta);
-    write_text(dir / "config.json", model::hf_llama_config_json(m, hf));
+    write_text(dir / "config.json", config_text);
 
     std::printf("exported %s (step %lld) to %s:\n", reader.path().c_str(),
                 static_cast<long long>(meta.step), dir.string().c_str());
     std::printf("  model.safetensors  %zu tensors, %s parameters, %s, %s\n", tensors.size(),
                 model::format_count(static_cast<double>(ps.parameter_count())).c_str(),
                 o.dtype.c_str(), model::format_bytes(static_cast<double>(bytes)).c_str());
-    std::printf("  config.json        LlamaForCausalLM (%lld layers, d_model %lld, vocab %lld)\n",
+    std::printf("  config.json        %s (%lld layers, d_model %lld, vocab %lld)\n",
+                m.mla() ? (m.n_routed_experts > 0 && m.moe.score == config::MoeScore::softmax
+                               ? "DeepseekV2ForCausalLM"
+                               : "DeepseekV3ForCausalLM")
+                        : "LlamaForCausalLM",
                 static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model),
                 static_cast<long long>(m.vocab_size));
     std::printf("  %s\n", tokenizer_note.c_str());

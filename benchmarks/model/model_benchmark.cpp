@@ -1,4 +1,4 @@
-// One forward + backward of the dense model on the `tiny` and `small` presets, single
+// One forward + backward of the model on the `tiny`, `small` and `tiny-moe` presets, single
 // threaded, reporting tokens/s and model GFLOP/s (the project's FLOPs definition,
 // model/plan.hpp), next to the single-thread SGEMM rate at 2048^3 that defines the CPU
 // peak for MFU. benchmarks/model/mfu.sh runs it and prints MFU = model / peak.
@@ -76,6 +76,42 @@ void BM_forward_backward_tiny(benchmark::State& s) {
 void BM_forward_backward_small(benchmark::State& s) {
   forward_backward(s, "small", s.range(0));
 }
+// DeepSeek-V2/V3 layers (issue 32): latent attention and DeepSeekMoE at tiny's width and
+// active FLOPs (model FLOPs count the active parameters, docs/performance.md).
+void BM_forward_backward_tiny_moe(benchmark::State& s) {
+  forward_backward(s, "tiny-moe", s.range(0));
+}
+
+// The routed experts' grouped products at tiny-moe's shapes (d_model 256, width 224, 8
+// experts, top-2) for a micro-batch of s.range(0) sequences of 256 tokens, the rows spread
+// evenly over the experts: each expert's gate, up (rows x 256 -> 224) and down (224 ->
+// 256) products, forward only, as Moe::forward runs them. GFLOPs against BM_sgemm_peak's
+// rate is the grouped products' efficiency.
+void BM_moe_expert_products(benchmark::State& state) {
+  const dst::config::ModelSection m = preset("tiny-moe");
+  const std::int64_t C = m.d_model, I = m.moe_intermediate_size, E = m.n_routed_experts;
+  const std::int64_t R = state.range(0) * m.max_seq_len * m.num_experts_per_tok;
+  const std::int64_t rows = R / E;
+  using dst::tensor::Tensor;
+  std::vector<float> xs(static_cast<std::size_t>(R * C), 0.01f), h(static_cast<std::size_t>(R * I)),
+      y(static_cast<std::size_t>(R * C)), w(static_cast<std::size_t>(E * 3 * I * C), 0.02f);
+  const dst::tensor::ExecContext ctx{};
+  for (auto _ : state) {
+    for (std::int64_t e = 0; e < E; ++e) {
+      const Tensor x{xs.data() + e * rows * C, {rows, C}};
+      const Tensor hh{h.data() + e * rows * I, {rows, I}};
+      float* we = w.data() + e * 3 * I * C;
+      dst::blas::linear_forward(ctx, x, Tensor{we, {I, C}}, hh);
+      dst::blas::linear_forward(ctx, x, Tensor{we + I * C, {I, C}}, hh);
+      dst::blas::linear_forward(ctx, hh, Tensor{we + 2 * I * C, {C, I}},
+                                Tensor{y.data() + e * rows * C, {rows, C}});
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double flops = 3.0 * 2.0 * static_cast<double>(rows * E) * static_cast<double>(C * I);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
 
 // The same forward + backward with the host's products as kernels.host_gemm `blas` places
 // them (all in OpenBLAS) and as `auto` does (attention's and the dense layers' forward and
@@ -121,6 +157,12 @@ void BM_sgemm_peak(benchmark::State& state) {
 BENCHMARK(BM_sgemm_peak)->Arg(2048)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_forward_backward_tiny)->Arg(8)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_forward_backward_small)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_forward_backward_tiny_moe)
+    ->Arg(8)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_moe_expert_products)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 // Args: preset (0 tiny, 1 small), micro-batch.
 BENCHMARK(BM_forward_backward_paired)
     ->ArgNames({"small", "batch"})

@@ -296,14 +296,78 @@ class RangeVisitor {
   throw DeckError(*keys.begin(), fallback, message);
 }
 
+/// Multi-head latent attention's shape keys, when kv_lora_rank selects it.
+void check_mla(const ModelSection& m, const GivenKeys& given, const std::string& fallback) {
+  const auto s = [](auto v) { return std::to_string(v); };
+  if (!m.mla()) {
+    if (m.q_lora_rank > 0)
+      fail_combination(given, fallback, {"model.q_lora_rank", "model.kv_lora_rank"},
+                       "model.q_lora_rank (" + s(m.q_lora_rank) +
+                           ") is set but model.kv_lora_rank is 0 (standard attention); set "
+                           "model.kv_lora_rank > 0 for multi-head latent attention");
+    return;
+  }
+  if (m.qk_rope_head_dim <= 0 || m.qk_rope_head_dim % 2 != 0)
+    fail_combination(given, fallback, {"model.qk_rope_head_dim", "model.kv_lora_rank"},
+                     "model.qk_rope_head_dim (" + s(m.qk_rope_head_dim) +
+                         ") must be even and > 0 with multi-head latent attention "
+                         "(model.kv_lora_rank " +
+                         s(m.kv_lora_rank) + "): RoPE rotates pairs");
+  if (m.v_head_dim <= 0)
+    fail_combination(given, fallback, {"model.v_head_dim", "model.kv_lora_rank"},
+                     "model.v_head_dim (" + s(m.v_head_dim) +
+                         ") must be > 0 with multi-head latent attention (model.kv_lora_rank " +
+                         s(m.kv_lora_rank) + ")");
+}
+
+/// DeepSeekMoE's keys, when n_routed_experts selects it.
+void check_moe(const ModelSection& m, const GivenKeys& given, const std::string& fallback) {
+  const auto s = [](auto v) { return std::to_string(v); };
+  if (m.n_routed_experts == 0) return;
+  const std::int64_t E = m.n_routed_experts;
+  if (m.num_experts_per_tok < 1 || m.num_experts_per_tok > E)
+    fail_combination(given, fallback, {"model.num_experts_per_tok", "model.n_routed_experts"},
+                     "model.num_experts_per_tok (" + s(m.num_experts_per_tok) +
+                         ") must be in [1, model.n_routed_experts = " + s(E) + "]");
+  if (m.moe_intermediate_size < 1)
+    fail_combination(given, fallback, {"model.moe_intermediate_size", "model.n_routed_experts"},
+                     "model.moe_intermediate_size (" + s(m.moe_intermediate_size) +
+                         ") must be >= 1 with model.n_routed_experts " + s(E));
+  if (m.first_k_dense_replace >= m.n_layers)
+    fail_combination(given, fallback, {"model.first_k_dense_replace", "model.n_layers"},
+                     "model.first_k_dense_replace (" + s(m.first_k_dense_replace) +
+                         ") leaves no MoE block among model.n_layers = " + s(m.n_layers) +
+                         "; set model.n_routed_experts to 0 for a dense model");
+  if (E % m.n_group != 0)
+    fail_combination(given, fallback, {"model.n_group", "model.n_routed_experts"},
+                     "model.n_group (" + s(m.n_group) +
+                         ") does not divide model.n_routed_experts (" + s(E) + ")");
+  if (m.topk_group > m.n_group)
+    fail_combination(
+        given, fallback, {"model.topk_group", "model.n_group"},
+        "model.topk_group (" + s(m.topk_group) + ") exceeds model.n_group (" + s(m.n_group) + ")");
+  if (m.num_experts_per_tok > m.topk_group * (E / m.n_group))
+    fail_combination(given, fallback, {"model.num_experts_per_tok", "model.topk_group"},
+                     "model.num_experts_per_tok (" + s(m.num_experts_per_tok) +
+                         ") exceeds the experts of the kept groups (model.topk_group " +
+                         s(m.topk_group) + " x " + s(E / m.n_group) + " experts per group)");
+  // A sigmoid router scores a group by the sum of its two best experts (DeepSeek-V3's
+  // noaux_tc routing).
+  if (m.moe.score == MoeScore::sigmoid && m.n_group > 1 && E / m.n_group < 2)
+    fail_combination(given, fallback, {"model.n_group", "model.n_routed_experts"},
+                     "model.n_group (" + s(m.n_group) + ") leaves " + s(E / m.n_group) +
+                         " expert per group; group-limited routing scores a group by its two "
+                         "best experts");
+}
+
 void check_combinations(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
   const auto s = [](auto v) { return std::to_string(v); };
   const ModelSection& m = c.model;
-  if (m.d_model % m.n_heads != 0)
+  if (!m.mla() && m.d_model % m.n_heads != 0)
     fail_combination(given, fallback, {"model.d_model", "model.n_heads"},
                      "model.d_model (" + s(m.d_model) + ") is not divisible by model.n_heads (" +
                          s(m.n_heads) + ")");
-  if ((m.d_model / m.n_heads) % 2 != 0)
+  if (!m.mla() && (m.d_model / m.n_heads) % 2 != 0)
     fail_combination(given, fallback, {"model.d_model", "model.n_heads"},
                      "the head dimension model.d_model / model.n_heads = " + s(m.d_model) + " / " +
                          s(m.n_heads) + " = " + s(m.d_model / m.n_heads) +
@@ -312,6 +376,8 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
     fail_combination(given, fallback, {"model.n_kv_heads", "model.n_heads"},
                      "model.n_heads (" + s(m.n_heads) + ") is not divisible by model.n_kv_heads (" +
                          s(m.n_kv_heads) + ")");
+  check_mla(m, given, fallback);
+  check_moe(m, given, fallback);
   if (c.data.seq_len > m.max_seq_len)
     fail_combination(given, fallback, {"data.seq_len", "model.max_seq_len"},
                      "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
@@ -337,6 +403,19 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                      "parallel.zero_stage " + s(c.parallel.zero_stage) +
                          " is not supported with parallel.backend nccl yet (ZeRO's reduce-scatter "
                          "onto shards exists for the mpi and shm back ends)");
+
+  // ZeRO with bf16/fp16 keeps the fp32 master only as each rank's shard, while the
+  // DeepSeekMoE correction bias is moved on every rank's parameters after the step
+  // (auxiliary-loss-free balancing): the shard's master would not follow it.
+  if (c.parallel.zero_stage > 0 && c.training.precision != Precision::fp32 &&
+      c.model.n_routed_experts > 0 && c.model.moe.bias_update_rate != 0.0)
+    fail_combination(given, fallback,
+                     {"parallel.zero_stage", "training.precision", "model.moe.bias_update_rate"},
+                     "parallel.zero_stage " + s(c.parallel.zero_stage) +
+                         " with training.precision " + to_string(c.training.precision) +
+                         " is not supported yet for a DeepSeekMoE model whose correction bias "
+                         "moves (model.moe.bias_update_rate != 0): the bias update does not reach "
+                         "the sharded fp32 master; use fp32, zero_stage 0, or bias_update_rate 0");
 
   const TrainingSection& t = c.training;
   if (t.global_batch_size > 0 && t.grad_accum_steps > 0)
@@ -550,6 +629,35 @@ ModelSection make_model(const char* name, std::int64_t vocab, std::int64_t d, st
   return m;
 }
 
+/// `m` with multi-head latent attention of the given ranks and head dims.
+ModelSection with_mla(ModelSection m, std::int64_t q_lora, std::int64_t kv_lora, std::int64_t nope,
+                      std::int64_t rope, std::int64_t v) {
+  m.q_lora_rank = q_lora;
+  m.kv_lora_rank = kv_lora;
+  m.qk_nope_head_dim = nope;
+  m.qk_rope_head_dim = rope;
+  m.v_head_dim = v;
+  return m;
+}
+
+/// `m` with DeepSeekMoE: `routed` experts of width `width` (top `k`), `shared` shared
+/// ones, the first `dense` blocks dense, `groups` / `topk_groups` group-limited routing.
+ModelSection with_moe(ModelSection m, std::int64_t routed, std::int64_t shared, std::int64_t k,
+                      std::int64_t width, std::int64_t dense, std::int64_t groups,
+                      std::int64_t topk_groups, bool norm_topk, double scaling, MoeScore score) {
+  m.n_routed_experts = routed;
+  m.n_shared_experts = shared;
+  m.num_experts_per_tok = k;
+  m.moe_intermediate_size = width;
+  m.first_k_dense_replace = dense;
+  m.n_group = groups;
+  m.topk_group = topk_groups;
+  m.norm_topk_prob = norm_topk;
+  m.routed_scaling_factor = scaling;
+  m.moe.score = score;
+  return m;
+}
+
 const std::vector<Preset>& presets() {
   // Shapes of DeepSeek LLM 7B/67B from their published config.json files (67B uses 8
   // key/value heads: grouped-query attention); tiny and small are test-sized. The
@@ -563,6 +671,24 @@ const std::vector<Preset>& presets() {
       {"deepseek-1b", make_model("deepseek-1b", 102400, 2048, 24, 16, 16, 5504, 2048)},
       {"deepseek-llm-7b", make_model("deepseek-llm-7b", 102400, 4096, 30, 32, 32, 11008, 4096)},
       {"deepseek-llm-67b", make_model("deepseek-llm-67b", 102400, 8192, 95, 64, 8, 22016, 4096)},
+      // tiny's shape with MLA (kv latent 64, no query compression, head dims 64 + 32 RoPE
+      // / 64 value) and DeepSeekMoE in blocks 1-3: 8 routed experts of width 224, top-2,
+      // plus one shared, so a token's active expert width 3 x 224 = 672 is tiny's 688 to
+      // within 3% (equal active FLOPs for the learning comparison).
+      {"tiny-moe",
+       with_moe(with_mla(make_model("tiny-moe", 260, 256, 4, 4, 4, 688, 256), 0, 64, 64, 32, 64), 8,
+                1, 2, 224, 1, 1, 1, true, 1.0, MoeScore::sigmoid)},
+      // DeepSeek-V2-Lite and DeepSeek-V3 from their published config.json files (at the
+      // original 4K context: rope_scaling / YaRN is not applied; V3's MTP module is not
+      // part of the model yet).
+      {"deepseek-v2-lite",
+       with_moe(with_mla(make_model("deepseek-v2-lite", 102400, 2048, 27, 16, 16, 10944, 4096), 0,
+                         512, 128, 64, 128),
+                64, 2, 6, 1408, 1, 1, 1, false, 1.0, MoeScore::softmax)},
+      {"deepseek-v3",
+       with_moe(with_mla(make_model("deepseek-v3", 129280, 7168, 61, 128, 128, 18432, 4096), 1536,
+                         512, 128, 64, 128),
+                256, 1, 8, 2048, 3, 8, 4, true, 2.5, MoeScore::sigmoid)},
   };
   return table;
 }

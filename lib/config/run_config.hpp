@@ -83,6 +83,22 @@ struct RunSection {
   std::string output_dir = "runs/dstrain-run";
 };
 
+/// model.moe.score: how the DeepSeekMoE router turns its logits into expert scores.
+enum class MoeScore : std::uint8_t {
+  sigmoid,  ///< DeepSeek-V3: independent sigmoids (choice by score + correction bias)
+  softmax,  ///< DeepSeek-V2: a softmax over the routed experts
+};
+
+/// The DeepSeekMoE training settings that have no field in Hugging Face's config.
+struct MoeSection {
+  MoeScore score = MoeScore::sigmoid;
+  /// gamma of auxiliary-loss-free balancing: after each optimizer step the correction bias
+  /// b_i -= gamma * sign(load_i - mean load) (DeepSeek-V3 report, 2.1.2); 0 disables.
+  double bias_update_rate = 1.0e-3;
+  /// alpha of the sequence-wise balance loss alpha * sum_i f_i P_i; 0 disables.
+  double seq_aux_loss_alpha = 1.0e-4;
+};
+
 /// Model shape. Fields start from the preset's values; explicit deck keys override.
 struct ModelSection {
   std::string preset = "tiny";  ///< tiny | small | deepseek-1b | deepseek-llm-7b | deepseek-llm-67b
@@ -96,6 +112,34 @@ struct ModelSection {
   double rope_theta = 10000.0;
   double norm_eps = 1.0e-6;
   bool tie_embeddings = false;
+
+  // Multi-head latent attention (DeepSeek-V2/V3), named as Hugging Face's
+  // DeepseekV3Config. kv_lora_rank > 0 selects it for every block (n_kv_heads and the head
+  // dim d_model / n_heads are then unused).
+  std::int64_t q_lora_rank = 0;       ///< 0: q_proj (HF: null); > 0: q_a_proj -> norm -> q_b_proj
+  std::int64_t kv_lora_rank = 0;      ///< 0: standard attention
+  std::int64_t qk_nope_head_dim = 0;  ///< per-head query/key width without RoPE
+  std::int64_t qk_rope_head_dim = 0;  ///< per-head query/key width with RoPE (key shared)
+  std::int64_t v_head_dim = 0;        ///< per-head value width
+
+  // DeepSeekMoE. n_routed_experts > 0 makes blocks >= first_k_dense_replace MoE blocks.
+  std::int64_t n_routed_experts = 0;
+  std::int64_t n_shared_experts = 0;     ///< one SwiGLU of n_shared x moe_intermediate_size
+  std::int64_t num_experts_per_tok = 0;  ///< top-k routed experts per token
+  std::int64_t moe_intermediate_size = 0;
+  std::int64_t first_k_dense_replace = 0;  ///< leading blocks that keep the dense MLP
+  std::int64_t n_group = 1;                ///< expert groups for group-limited routing
+  std::int64_t topk_group = 1;             ///< groups a token may route to
+  bool norm_topk_prob = true;              ///< renormalise the chosen experts' weights
+  double routed_scaling_factor = 1.0;      ///< multiplies the routed experts' weights
+  MoeSection moe;
+
+  /// Whether the blocks use multi-head latent attention.
+  bool mla() const { return kv_lora_rank > 0; }
+  /// Whether block `layer` (0-based) uses DeepSeekMoE instead of the dense MLP.
+  bool moe_layer(std::int64_t layer) const {
+    return n_routed_experts > 0 && layer >= first_k_dense_replace;
+  }
 };
 
 struct DataSection {
@@ -318,6 +362,10 @@ struct EnumNames<config::KernelsBackend> {
 template <>
 struct EnumNames<config::HostGemmSetting> {
   static constexpr std::array<const char*, 3> names{"auto", "blas", "dstrain"};
+};
+template <>
+struct EnumNames<config::MoeScore> {
+  static constexpr std::array<const char*, 2> names{"sigmoid", "softmax"};
 };
 template <>
 struct EnumNames<config::NanPolicy> {

@@ -111,7 +111,8 @@ void visit_model(V& v, S&... s) {
             "Model shape. `preset` fills every other key; keys given explicitly win over it.");
   v.field("model.preset",
           Spec("Named model shape that provides the defaults of this section.")
-              .one_of({"tiny", "small", "deepseek-1b", "deepseek-llm-7b", "deepseek-llm-67b"}),
+              .one_of({"tiny", "small", "deepseek-1b", "deepseek-llm-7b", "deepseek-llm-67b",
+                       "tiny-moe", "deepseek-v2-lite", "deepseek-v3"}),
           s.preset...);
   v.field("model.vocab_size",
           Spec("Vocabulary size (tiny: 256 byte values + 4 special tokens).")
@@ -143,6 +144,76 @@ void visit_model(V& v, S&... s) {
   v.field("model.norm_eps", Spec("RMSNorm epsilon.").above(0), s.norm_eps...);
   v.field("model.tie_embeddings", Spec("Share the input embedding with the output projection."),
           s.tie_embeddings...);
+  v.field("model.q_lora_rank",
+          Spec("MLA: rank of the query compression (q_a_proj); 0 = a full q_proj.")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.q_lora_rank...);
+  v.field("model.kv_lora_rank",
+          Spec("MLA: rank of the compressed key/value latent; 0 = standard attention, > 0 = "
+               "multi-head latent attention in every block.")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.kv_lora_rank...);
+  v.field("model.qk_nope_head_dim",
+          Spec("MLA: per-head query/key dims without RoPE.").at_least(0).at_most(kIntMax),
+          s.qk_nope_head_dim...);
+  v.field("model.qk_rope_head_dim",
+          Spec("MLA: per-head query/key dims with RoPE (even; the key part is shared by all "
+               "heads).")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.qk_rope_head_dim...);
+  v.field("model.v_head_dim", Spec("MLA: per-head value dims.").at_least(0).at_most(kIntMax),
+          s.v_head_dim...);
+  v.field("model.n_routed_experts",
+          Spec("DeepSeekMoE: routed experts per MoE block; 0 = dense MLP in every block.")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.n_routed_experts...);
+  v.field("model.n_shared_experts",
+          Spec("DeepSeekMoE: shared experts (one SwiGLU of n_shared x moe_intermediate_size).")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.n_shared_experts...);
+  v.field("model.num_experts_per_tok",
+          Spec("DeepSeekMoE: routed experts each token uses (top-k).").at_least(0).at_most(kIntMax),
+          s.num_experts_per_tok...);
+  v.field("model.moe_intermediate_size",
+          Spec("DeepSeekMoE: inner size of each expert's SwiGLU.").at_least(0).at_most(kIntMax),
+          s.moe_intermediate_size...);
+  v.field("model.first_k_dense_replace",
+          Spec("DeepSeekMoE: the first k blocks keep the dense MLP (ffn_dim).")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.first_k_dense_replace...);
+  v.field("model.n_group",
+          Spec("DeepSeekMoE: expert groups for group-limited routing (divides n_routed_experts).")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.n_group...);
+  v.field(
+      "model.topk_group",
+      Spec("DeepSeekMoE: groups a token may route to (<= n_group).").at_least(1).at_most(kIntMax),
+      s.topk_group...);
+  v.field("model.norm_topk_prob",
+          Spec("DeepSeekMoE: renormalise the chosen experts' weights to sum to 1."),
+          s.norm_topk_prob...);
+  v.field("model.routed_scaling_factor",
+          Spec("DeepSeekMoE: factor on the routed experts' weights.").above(0),
+          s.routed_scaling_factor...);
+  v.section("model.moe", "DeepSeekMoE training settings (no Hugging Face config field).");
+  v.field("model.moe.score",
+          Spec("Router scores: sigmoid (V3, bias-corrected choice) or softmax (V2)."),
+          s.moe.score...);
+  v.field("model.moe.bias_update_rate",
+          Spec("Auxiliary-loss-free balancing: gamma of b_i -= gamma * sign(load_i - mean) "
+               "after each step; 0 disables.")
+              .at_least(0),
+          s.moe.bias_update_rate...);
+  v.field("model.moe.seq_aux_loss_alpha",
+          Spec("Weight alpha of the sequence-wise balance loss; 0 disables.").at_least(0),
+          s.moe.seq_aux_loss_alpha...);
 }
 
 template <class V, class... S>
@@ -243,7 +314,9 @@ void visit_training(V& v, S&... s) {
           Spec("Activations the backward recomputes instead of keeping them from the forward: "
                "none; selective = attention's (B, H, T, T) probabilities (Korthikanti et al. "
                "2022); full = everything but each block's input (one more forward of the "
-               "blocks). Same gradients bit for bit; generate ignores it (docs/performance.md)."),
+               "blocks); latent attention and DeepSeekMoE blocks too (the recomputed forward "
+               "does not count expert loads again). Same gradients bit for bit; generate "
+               "ignores it (docs/performance.md)."),
           s.recompute...);
   v.field("training.grad_clip", Spec("Global gradient-norm clip; 0 = no clipping.").at_least(0),
           s.grad_clip...);

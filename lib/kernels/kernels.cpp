@@ -238,6 +238,40 @@ void rope_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& cos, 
   rope_apply(ctx, "rope_backward", dx, cos, sin, true);
 }
 
+namespace {
+void rope_interleaved_apply(const ExecContext& ctx, const char* k, const Tensor& x,
+                            const Tensor& cos, const Tensor& sin, bool inverse) {
+  check_backend(ctx, k);
+  if (x.shape.rank != 4 || x.dtype != DType::f32)
+    throw Error(what(k, "x") + ": expected f32 (B, T, H, W), got " +
+                std::string(dtype_name(x.dtype)) + " " + x.shape.str());
+  expect(ctx, x, x.shape, DType::f32, k, "x");
+  const Index t = x.shape[1];
+  const Index w = x.shape[3];
+  // The tables may cover more positions than this sequence (sized for the longest one).
+  if (cos.shape.rank != 2 || cos.shape[0] < t || 2 * cos.shape[1] > w || cos.shape[1] < 1 ||
+      cos.dtype != DType::f32)
+    throw Error(what(k, "cos") + ": expected f32 (>= " + std::to_string(t) + ", 1 .. " +
+                std::to_string(w / 2) + ") for x " + x.shape.str() + ", got " +
+                std::string(dtype_name(cos.dtype)) + " " + cos.shape.str());
+  expect(ctx, cos, cos.shape, DType::f32, k, "cos");
+  expect(ctx, sin, cos.shape, DType::f32, k, "sin");
+  if (x.numel() == 0) return;
+  dispatch(ctx, detail::RopeInterleavedArgs{x.ptr<float>(), cos.ptr<float>(), sin.ptr<float>(),
+                                            x.shape[0], t, x.shape[2], w, cos.shape[1], inverse});
+}
+}  // namespace
+
+void rope_interleaved_forward(const ExecContext& ctx, const Tensor& x, const Tensor& cos,
+                              const Tensor& sin) {
+  rope_interleaved_apply(ctx, "rope_interleaved_forward", x, cos, sin, false);
+}
+
+void rope_interleaved_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& cos,
+                               const Tensor& sin) {
+  rope_interleaved_apply(ctx, "rope_interleaved_backward", dx, cos, sin, true);
+}
+
 // --- attention softmax -----------------------------------------------------------------
 
 namespace {

@@ -47,6 +47,20 @@ void rope_forward(const ExecContext& ctx, const Tensor& x, const Tensor& cos, co
 /// In place on dx (B, T, H, D): the transpose (inverse) rotation.
 void rope_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& cos, const Tensor& sin);
 
+// --- rotary embeddings, interleaved pairs (DeepSeek-V2/V3 multi-head latent attention) -
+/// In place on the last D = 2 * cos.shape[1] columns of each row of x (B, T, H, W), W >= D
+/// (the RoPE part of an MLA query head [nope | rope], or the shared key part of
+/// [c_kv | k_pe] with H = 1): for i < D/2 the pair (x_{W-D+2i}, x_{W-D+2i+1}) is rotated by
+/// angle(t, i) of rope_tables. The pairs of DeepSeek's reference (complex multiplication)
+/// and of transformers' DeepseekV2; transformers' DeepseekV3 (rope_interleave) writes the
+/// same rotated pairs de-interleaved, [evens | odds], for queries and keys alike, which
+/// leaves every query-key dot product, and so the logits and gradients, the same.
+void rope_interleaved_forward(const ExecContext& ctx, const Tensor& x, const Tensor& cos,
+                              const Tensor& sin);
+/// In place on dx (B, T, H, W), the same columns: the transpose (inverse) rotation.
+void rope_interleaved_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& cos,
+                               const Tensor& sin);
+
 // --- attention softmax -----------------------------------------------------------------
 /// Writes probs[b, h, i, j] = softmax over j <= i of scale * scores[b, h, i, j]; 0 for j > i.
 /// scores, probs (B, H, T, T); probs may alias scores.

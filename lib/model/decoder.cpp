@@ -92,6 +92,14 @@ Decoder::Decoder(const config::ModelSection& m, const ParamStore& params, std::i
   if (max_len < 1 || max_len > m.max_seq_len)
     throw Error("decoder: max_len " + std::to_string(max_len) + " must be in [1, max_seq_len " +
                 std::to_string(m.max_seq_len) + "]");
+  // Generation for DeepSeek-V2/V3 models needs a KV cache of the compressed latent (c_kv,
+  // k_pe) and MoE routing per decoded token: not written yet (issue 32).
+  if (m.mla() || m.n_routed_experts > 0)
+    throw Error(
+        "decoder: generation is not implemented for multi-head latent attention "
+        "(model.kv_lora_rank " +
+        std::to_string(m.kv_lora_rank) + ") or DeepSeekMoE (model.n_routed_experts " +
+        std::to_string(m.n_routed_experts) + ") models yet");
   if (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0 ||
       (m.d_model / m.n_heads) % 2 != 0)
     throw Error(

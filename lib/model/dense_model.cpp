@@ -1,5 +1,6 @@
 #include "model/dense_model.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -121,8 +122,8 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
                 std::to_string(m.max_seq_len));
   if (m.n_layers < 1)
     throw Error("model: n_layers must be >= 1, got " + std::to_string(m.n_layers));
-  if (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0 ||
-      (m.d_model / m.n_heads) % 2 != 0)
+  if (!m.mla() && (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0 ||
+                   (m.d_model / m.n_heads) % 2 != 0))
     throw Error(
         "model: d_model must split into n_heads even head dims and n_kv_heads must "
         "divide n_heads");
@@ -142,9 +143,10 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.L = m.n_layers;
   s.recompute = recompute;
   s.net.bind(*params_);
-  s.fused =
-      !deterministic && kernels::fused_attention_supported(s.c.ctx, s.B, s.T, m.n_heads,
-                                                           m.n_kv_heads, m.d_model / m.n_heads);
+  // Latent attention has no fused core (its query/key and value widths differ).
+  s.fused = !deterministic && !m.mla() &&
+            kernels::fused_attention_supported(s.c.ctx, s.B, s.T, m.n_heads, m.n_kv_heads,
+                                               m.d_model / m.n_heads);
   // Layout pass, then (for a real model) the same layout over blocks of the planned size.
   s.take_all();
   if (mode == Arena::Mode::allocate) {
@@ -224,6 +226,9 @@ ModelMemory DenseModel::memory() const {
   mem.parameters = params_->buffer_elements() * sizeof(float);
   mem.gradients = params_->buffer_elements() * sizeof(float);
   mem.activations = impl_->acts.used_bytes();
+  // MoE blocks keep their routing on the host, outside the arenas (Moe::routing_bytes).
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (const Moe* m = impl_->net.block(l).moe()) mem.activations += m->routing_bytes(impl_->N);
   mem.recompute = impl_->recomputed.used_bytes();
   mem.workspace = impl_->work.used_bytes();
   return mem;
@@ -250,6 +255,7 @@ double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32
   const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(tokens, targets);
   s.net.head().loss_and_gradient(s.c, s.head, s.targets, grad_scale);
+  s.c.aux_grad_scale = grad_scale * static_cast<float>(s.T);
   const double loss = s.sum_losses(targets, valid_tokens);  // waits for the device
   const auto t1 = std::chrono::steady_clock::now();
   s.forward_s = std::chrono::duration<double>(t1 - t0).count();
@@ -268,6 +274,77 @@ double DenseModel::last_backward_seconds() const {
 
 tensor::Tensor DenseModel::logits() const {
   return impl_->head.logits;
+}
+
+std::int64_t DenseModel::moe_blocks() const {
+  std::int64_t n = 0;
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    n += impl_->net.block(l).moe() ? 1 : 0;
+  return n;
+}
+
+std::int64_t DenseModel::moe_experts() const {
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (const Moe* m = impl_->net.block(l).moe()) return m->experts();
+  return 0;
+}
+
+double DenseModel::last_aux_loss() const {
+  double sum = 0.0;
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (impl_->net.block(l).moe() && impl_->layer[static_cast<std::size_t>(l)].moe.routing)
+      sum += impl_->layer[static_cast<std::size_t>(l)].moe.routing->aux_loss;
+  return sum;
+}
+
+std::vector<double> DenseModel::moe_loads() const {
+  std::vector<double> out;
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (impl_->net.block(l).moe()) {
+      const auto& r = impl_->layer[static_cast<std::size_t>(l)].moe.routing;
+      if (!r) throw Error("model: moe_loads() on a model built only to plan");
+      out.insert(out.end(), r->load.begin(), r->load.end());
+    }
+  return out;
+}
+
+void DenseModel::reset_moe_loads() {
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (impl_->net.block(l).moe() && impl_->layer[static_cast<std::size_t>(l)].moe.routing) {
+      auto& load = impl_->layer[static_cast<std::size_t>(l)].moe.routing->load;
+      std::fill(load.begin(), load.end(), 0.0);
+    }
+}
+
+void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) {
+  const std::int64_t E = moe_experts();
+  if (static_cast<std::int64_t>(loads.size()) != moe_blocks() * E)
+    throw Error("model: update_moe_bias needs " + std::to_string(moe_blocks() * E) +
+                " expert loads, got " + std::to_string(loads.size()));
+  std::size_t at = 0;
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (const Moe* m = impl_->net.block(l).moe()) {
+      m->update_bias(*params_,
+                     std::vector<double>(loads.begin() + static_cast<std::ptrdiff_t>(at),
+                                         loads.begin() + static_cast<std::ptrdiff_t>(at + E)),
+                     rate);
+      at += static_cast<std::size_t>(E);
+    }
+  refresh_compute_params();
+}
+
+std::vector<float> DenseModel::moe_bias() const {
+  std::vector<float> out;
+  for (std::int64_t l = 0; l < impl_->L; ++l)
+    if (const Moe* m = impl_->net.block(l).moe()) {
+      if (!m->has_bias()) {
+        out.insert(out.end(), static_cast<std::size_t>(m->experts()), 0.0f);
+        continue;
+      }
+      const tensor::Tensor b = params_->param(m->bias_index());
+      out.insert(out.end(), b.ptr<float>(), b.ptr<float>() + b.numel());
+    }
+  return out;
 }
 
 }  // namespace dst::model

@@ -30,7 +30,8 @@ namespace dst::model {
 struct ModelMemory {
   std::uint64_t parameters = 0;
   std::uint64_t gradients = 0;
-  std::uint64_t activations = 0;  ///< kept from forward for backward, one micro-batch
+  /// Kept from forward for backward, one micro-batch (MoE blocks' host routing included).
+  std::uint64_t activations = 0;
   /// training.recompute: the activations the blocks share and the backward refills block
   /// by block (full: one block's record but its input; selective: one layer's attention
   /// probabilities); 0 for none.
@@ -114,6 +115,26 @@ class DenseModel {
 
   /// Logits (B*T, V) of the last forward() (overwritten by forward_backward's gradient).
   tensor::Tensor logits() const;
+
+  // --- DeepSeekMoE (model.n_routed_experts > 0) -------------------------------------------
+  /// MoE blocks and routed experts per block (0, 0 for a dense model).
+  std::int64_t moe_blocks() const;
+  std::int64_t moe_experts() const;
+  /// The sequence-wise balance loss of the last forward, summed over the MoE blocks and
+  /// the micro-batch's sequences (each sequence's alpha sum_i f_i P_i, layers/moe_router.hpp).
+  /// forward_backward's gradients include it with weight grad_scale x seq_len per sequence
+  /// (the mean over the global batch's sequences when no target is ignored).
+  double last_aux_loss() const;
+  /// Tokens routed to each expert since the last reset_moe_loads(), (moe_blocks() x
+  /// moe_experts()) block-major.
+  std::vector<double> moe_loads() const;
+  void reset_moe_loads();
+  /// Auxiliary-loss-free balancing after an optimizer step: every MoE block's correction
+  /// bias moves by Moe::update_bias from `loads` (as moe_loads(), counted over the whole
+  /// data group) at `rate`; then the compute copy is refreshed.
+  void update_moe_bias(const std::vector<double>& loads, double rate);
+  /// The correction biases (moe_blocks() x moe_experts()), block-major (metrics).
+  std::vector<float> moe_bias() const;
 
  private:
   struct Impl;

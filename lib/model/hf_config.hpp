@@ -25,4 +25,16 @@ struct HfConfigOptions {
 /// silu, attention_bias and mlp_bias false, torch_dtype, and the BOS/EOS ids when known.
 std::string hf_llama_config_json(const config::ModelSection& m, const HfConfigOptions& o = {});
 
+/// config.json of a DeepSeek-V2/V3 model (multi-head latent attention, with or without
+/// DeepSeekMoE): DeepseekV3ForCausalLM (model_type deepseek_v3; rope_interleave true, the
+/// pairs our RoPE rotates), or DeepseekV2ForCausalLM for softmax routing
+/// (model.moe.score softmax), with the MLA and MoE fields under transformers' names. A
+/// dense MLA model is a V3 model whose first_k_dense_replace is every layer. rope_scaling
+/// null. Throws dst::Error for a model without latent attention (MoE with standard
+/// attention has no transformers architecture).
+std::string hf_deepseek_config_json(const config::ModelSection& m, const HfConfigOptions& o = {});
+
+/// hf_deepseek_config_json for latent-attention models, hf_llama_config_json otherwise.
+std::string hf_config_json(const config::ModelSection& m, const HfConfigOptions& o = {});
+
 }  // namespace dst::model

@@ -25,6 +25,7 @@ namespace dst::model {
 enum class Init : std::uint8_t {
   normal,  ///< N(0, std^2) from the counter-based generator
   ones,    ///< RMSNorm weights
+  zeros,   ///< the MoE router's correction bias (moved by balancing, not by gradients)
 };
 
 /// How a parameter splits across the ranks of a tensor-parallel group (Megatron-LM's

@@ -11,47 +11,97 @@
 
 namespace dst::model {
 
+namespace {
+/// Attention parameters of one block: MHA/GQA, or multi-head latent attention.
+std::int64_t attention_parameters(const config::ModelSection& m) {
+  const std::int64_t C = m.d_model, H = m.n_heads;
+  if (m.mla()) {
+    const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;  // per-head q/k width
+    const std::int64_t q = m.q_lora_rank > 0
+                               ? m.q_lora_rank * C                     // q_a_proj (q_lora, C)
+                                     + m.q_lora_rank                   // q_a_layernorm
+                                     + H * qk * m.q_lora_rank          // q_b_proj (H*qk, q_lora)
+                               : H * qk * C;                           // q_proj (H*qk, C)
+    return q + (m.kv_lora_rank + m.qk_rope_head_dim) * C               // kv_a_proj_with_mqa
+           + m.kv_lora_rank                                            // kv_a_layernorm
+           + H * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank  // kv_b_proj
+           + C * H * m.v_head_dim;                                     // o_proj
+  }
+  const std::int64_t hd = C / H;              // head dimension
+  const std::int64_t kv = m.n_kv_heads * hd;  // width of K and V (GQA: < C)
+  return C * C                                // wq (C, C)
+         + 2 * C * kv                         // wk, wv (kv, C)
+         + C * C;                             // wo (C, C)
+}
+}  // namespace
+
 ParamCount count_parameters(const config::ModelSection& m) {
   const std::int64_t C = m.d_model;
-  const std::int64_t hd = m.d_model / m.n_heads;  // head dimension
-  const std::int64_t kv = m.n_kv_heads * hd;      // width of K and V (GQA: < C)
   ParamCount p;
-  p.embedding = m.vocab_size * C;              // (V, C)
-  const std::int64_t attn = C * C              // wq (C, C)
-                            + 2 * C * kv       // wk, wv (kv, C)
-                            + C * C;           // wo (C, C)
-  const std::int64_t mlp = 3 * C * m.ffn_dim;  // w1, w3 (F, C); w2 (C, F)
-  const std::int64_t norms = 2 * C;            // attention and MLP RMSNorm weights
-  p.per_layer = attn + mlp + norms;
-  p.layers = p.per_layer * m.n_layers;
+  p.embedding = m.vocab_size * C;  // (V, C)
+  const std::int64_t attn = attention_parameters(m);
+  const std::int64_t norms = 2 * C;                // attention and MLP RMSNorm weights
+  p.per_layer = attn + 3 * C * m.ffn_dim + norms;  // w1, w3 (F, C); w2 (C, F)
+  std::int64_t dense_layers = m.n_layers;
+  if (m.n_routed_experts > 0) {
+    const std::int64_t E = m.n_routed_experts;
+    const std::int64_t expert = 3 * C * m.moe_intermediate_size;  // one SwiGLU expert
+    const std::int64_t bias = m.moe.score == config::MoeScore::sigmoid ? E : 0;
+    const std::int64_t shared = m.n_shared_experts * expert;  // one wider SwiGLU
+    p.per_moe_layer = attn + norms + E * C /* router (E, C) */ + bias + shared + E * expert;
+    p.per_moe_layer_active = p.per_moe_layer - bias - (E - m.num_experts_per_tok) * expert;
+    p.moe_layers = m.n_layers - m.first_k_dense_replace;
+    dense_layers = m.first_k_dense_replace;
+  }
+  p.layers = p.per_layer * dense_layers + p.per_moe_layer * p.moe_layers;
   p.final_norm = C;
   p.head = m.tie_embeddings ? 0 : m.vocab_size * C;  // (V, C)
   return p;
 }
 
+namespace {
+/// Widths of all heads' queries/keys and values: d_model each for dense attention, the
+/// latent attention's head dims times the heads with MLA.
+struct AttentionWidths {
+  double qk, v;
+};
+AttentionWidths attention_widths(const config::ModelSection& m) {
+  if (m.mla())
+    return {static_cast<double>(m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)),
+            static_cast<double>(m.n_heads * m.v_head_dim)};
+  return {static_cast<double>(m.d_model), static_cast<double>(m.d_model)};
+}
+}  // namespace
+
 double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len) {
   const ParamCount p = count_parameters(m);
-  // The project's one definition of model FLOPs (MFU uses it): 6 FLOPs per non-embedding
-  // parameter per token (a multiply-add forward, two backward), output head included
-  // even when it is tied to the embedding, plus attention scores and values.
-  const double non_embedding = static_cast<double>(p.total() - p.embedding) +
+  // The project's one definition of model FLOPs (MFU uses it): 6 FLOPs per active
+  // non-embedding parameter per token (a multiply-add forward, two backward), output head
+  // included even when it is tied to the embedding, plus attention scores and values.
+  const double non_embedding = static_cast<double>(p.active() - p.embedding) +
                                (m.tie_embeddings ? static_cast<double>(p.embedding) : 0.0);
-  const double attention = 12.0 * static_cast<double>(m.n_layers) * static_cast<double>(seq_len) *
-                           static_cast<double>(m.d_model);
+  const AttentionWidths w = attention_widths(m);
+  const double attention =
+      6.0 * static_cast<double>(m.n_layers) * static_cast<double>(seq_len) * (w.qk + w.v);
   return 6.0 * non_embedding + attention;
 }
 
 double recompute_flops_per_token(const config::ModelSection& m, std::int64_t seq_len,
                                  config::Recompute recompute) {
-  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(seq_len),
-               C = static_cast<double>(m.d_model);
+  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(seq_len);
+  const AttentionWidths w = attention_widths(m);
   switch (recompute) {
     case config::Recompute::none:
       return 0.0;
-    case config::Recompute::selective:  // the scores q k^T again: 2 T C per token and layer
-      return 2.0 * L * T * C;
-    case config::Recompute::full:  // the blocks' forward again: a third of their training
-      return 2.0 * static_cast<double>(count_parameters(m).layers) + 4.0 * L * T * C;
+    case config::Recompute::selective:  // the scores q k^T again: 2 T qk per token and layer
+      return 2.0 * L * T * w.qk;
+    case config::Recompute::full: {  // the blocks' forward again: a third of their training
+      const ParamCount p = count_parameters(m);
+      // A token runs its top-k routed experts only: the blocks' active parameters.
+      const double active_layers = static_cast<double>(p.per_layer * (m.n_layers - p.moe_layers) +
+                                                       p.per_moe_layer_active * p.moe_layers);
+      return 2.0 * active_layers + 2.0 * L * T * (w.qk + w.v);
+    }
   }
   return 0.0;
 }
@@ -141,6 +191,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                       ? std::min(full, shard(true) + bucket)
                       : full;
   mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
+  // Routed experts' activations depend on the routing. The plan is dropless with the
+  // expected balanced load, top_k x tokens / n_routed_experts rows per expert; the MoE
+  // layer takes its N x top_k rows as one buffer sorted by expert (Moe::take), so the
+  // total is that whatever the imbalance. MoE blocks' host routing is in mm.activations.
   mem.activations = mm.activations;
   mem.recompute = mm.recompute;
   mem.workspace = mm.workspace;
@@ -234,10 +288,21 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
          " x pipeline " + std::to_string(layout.pipeline) + "\n";
   row("parameters", format_count(static_cast<double>(p.total())),
       "(" + std::to_string(p.total()) + ": embedding " +
-          format_count(static_cast<double>(p.embedding)) + ", " + std::to_string(c.model.n_layers) +
-          " x " + format_count(static_cast<double>(p.per_layer)) + " per layer, head " +
+          format_count(static_cast<double>(p.embedding)) + ", " +
+          std::to_string(c.model.n_layers - p.moe_layers) + " x " +
+          format_count(static_cast<double>(p.per_layer)) +
+          (p.moe_layers > 0 ? " per dense layer" : " per layer") + ", head " +
           (p.head ? format_count(static_cast<double>(p.head)) : std::string("tied")) + ")");
-  row("FLOPs per token", format_count(plan.flops_per_token), "(training: forward + backward)");
+  if (p.moe_layers > 0)
+    row("active parameters", format_count(static_cast<double>(p.active())),
+        "(" + std::to_string(p.active()) + " per token: " + std::to_string(p.moe_layers) +
+            " MoE blocks of " + format_count(static_cast<double>(p.per_moe_layer)) + ", " +
+            format_count(static_cast<double>(p.per_moe_layer_active)) + " active; top-" +
+            std::to_string(c.model.num_experts_per_tok) + " of " +
+            std::to_string(c.model.n_routed_experts) + " routed experts)");
+  row("FLOPs per token", format_count(plan.flops_per_token),
+      p.moe_layers > 0 ? "(training: forward + backward, active parameters)"
+                       : "(training: forward + backward)");
   row("tokens per step", std::to_string(plan.tokens_per_step),
       "(global batch " + std::to_string(layout.global_batch_size) + " x seq_len " +
           std::to_string(c.data.seq_len) + "; micro-batch " +

@@ -13,14 +13,28 @@
 
 namespace dst::model {
 
-/// Parameter counts by group.
+/// Parameter counts by group. An MoE model (model.n_routed_experts > 0) has two block
+/// kinds: the first first_k_dense_replace blocks with the dense MLP, the rest with
+/// DeepSeekMoE, of which a token uses only the shared and its top-k routed experts.
 struct ParamCount {
-  std::int64_t embedding = 0;   ///< (V, C) token embedding
-  std::int64_t per_layer = 0;   ///< attention + MLP + 2 RMSNorm weights of one block
-  std::int64_t layers = 0;      ///< per_layer * n_layers
+  std::int64_t embedding = 0;      ///< (V, C) token embedding
+  std::int64_t per_layer = 0;      ///< attention + dense MLP + 2 RMSNorm weights of a block
+  std::int64_t per_moe_layer = 0;  ///< attention + MoE + 2 norms of an MoE block (0: dense)
+  /// What one token uses of an MoE block: per_moe_layer less the routed experts it skips
+  /// (n_routed - top-k) and the router's correction bias (not a product).
+  std::int64_t per_moe_layer_active = 0;
+  std::int64_t moe_layers = 0;  ///< blocks with DeepSeekMoE
+  std::int64_t layers = 0;      ///< per_layer x dense blocks + per_moe_layer x moe_layers
   std::int64_t final_norm = 0;  ///< (C)
   std::int64_t head = 0;        ///< (V, C) output head; 0 when tied to the embedding
+  /// Every parameter of the layout (the routers' e_score_correction_bias included: it is
+  /// stored with the parameters, but moved by the balancing rule, not by gradients).
   std::int64_t total() const { return embedding + layers + final_norm + head; }
+  /// The parameters one token's forward uses: total() less, in each MoE block, the routed
+  /// experts it is not sent to and the correction bias. total() for a dense model.
+  std::int64_t active() const {
+    return total() - moe_layers * (per_moe_layer - per_moe_layer_active);
+  }
 };
 
 /// Memory one rank needs, in bytes.
@@ -117,9 +131,13 @@ struct Plan {
 ParamCount count_parameters(const config::ModelSection& m);
 
 /// Model FLOPs per token of training, the one definition MFU uses everywhere:
-/// 6 x (non-embedding parameters, output head included) + 12 x n_layers x seq_len x
-/// d_model for attention scores and values (PaLM appendix B; the causal mask's skipped
-/// half is counted, so MFU figures compare with published ones).
+/// 6 x (active non-embedding parameters, output head included) + 6 x n_layers x seq_len x
+/// (query-key width + value width of all heads) for attention scores and values (PaLM
+/// appendix B; the causal mask's skipped half is counted, so MFU figures compare with
+/// published ones). Dense attention: both widths are d_model, 12 x L x T x C. Multi-head
+/// latent attention: H x (qk_nope + qk_rope) and H x v_head_dim, as the expanded heads
+/// compute them in training. An MoE block counts the parameters a token uses (ParamCount::
+/// active: router, shared and top-k routed experts), not the experts it skips.
 double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len);
 
 /// FLOPs per token training.recompute adds to the training FLOPs (see Plan).

@@ -91,10 +91,28 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
   j["skipped"] = s.skipped;
   j["skipped_total"] = skipped_total;
   if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;  // fp16 only
+  if (!s.moe.empty()) {  // DeepSeekMoE: the balance loss and each MoE block's balance
+    j["aux_loss"] = s.aux_loss;
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const MoeBalance& m : s.moe)
+      blocks.push_back({{"max_over_mean", m.max_over_mean},
+                        {"busiest_fraction", m.busiest_fraction},
+                        {"idle_experts", m.idle_experts},
+                        {"bias_min", m.bias_min},
+                        {"bias_max", m.bias_max}});
+    j["moe"] = blocks;
+  }
   j["eta_s"] = eta_s;
   write(j.dump());
   char scale[48] = "";
   if (s.loss_scale > 0) std::snprintf(scale, sizeof scale, " | scale %g", s.loss_scale);
+  char moe[64] = "";
+  if (!s.moe.empty()) {  // the least balanced MoE block
+    double worst = 0.0;
+    for (const MoeBalance& m : s.moe)
+      worst = std::max(worst, m.max_over_mean);
+    std::snprintf(moe, sizeof moe, " | aux %.3e | load max/mean %.2f", s.aux_loss, worst);
+  }
   char line[320];
   std::snprintf(line, sizeof line,
                 "step %6lld/%lld | loss %.4f | lr %.3e | norm %7.4f | %8.0f tok/s | MFU %5.1f%% "
@@ -105,7 +123,7 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
                 s.overflow  ? " | SKIPPED (fp16 overflow, loss scale halved)"
                 : s.skipped ? " | SKIPPED (non-finite gradients)"
                             : "");
-  return line;
+  return std::string(line) + moe;
 }
 
 std::string MetricsLog::eval(std::int64_t step, double loss, std::int64_t tokens) {

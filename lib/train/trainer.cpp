@@ -190,10 +190,14 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     buckets_ = std::make_unique<GradBuckets>(device_comm_ ? *device_comm_ : *groups.data,
                                              ps.grads_data(), ps.buffer_elements(), bucket_bytes,
                                              config.parallel.overlap, ctx_);
-  // Faults::gradient_poison goes into the first gradient of the last block's MLP output.
-  poison_offset_ = ps.spec(ps.index_of("model.layers." + std::to_string(config.model.n_layers - 1) +
-                                       ".mlp.down_proj.weight"))
-                       .offset;
+  // Faults::gradient_poison goes into the first gradient of the last block's MLP output
+  // (an MoE block's: its first routed expert's).
+  const std::int64_t last_block = config.model.n_layers - 1;
+  poison_offset_ =
+      ps.spec(ps.index_of("model.layers." + std::to_string(last_block) +
+                          (config.model.moe_layer(last_block) ? ".mlp.experts.0.down_proj.weight"
+                                                              : ".mlp.down_proj.weight")))
+          .offset;
   batch_.resize(static_cast<std::size_t>(layout.grad_accum_steps * micro * (T + 1)));
   tokens_.resize(static_cast<std::size_t>(micro * T));
   targets_.resize(tokens_.size());
@@ -303,6 +307,7 @@ StepStats Trainer::step() {
       loss_scaling_ ? static_cast<float>(scaler_.scale() / static_cast<double>(micro * T)) : 1.0f;
   st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
   double loss_sum = 0.0;
+  double aux_sum = 0.0;  // DeepSeekMoE's balance loss, summed over sequences and blocks
   std::int64_t valid = 0;
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
   for (std::size_t m = 0; m < micro_batches; ++m) {
@@ -316,6 +321,7 @@ StepStats Trainer::step() {
         tokens_.data(), targets_.data(), backward_scale, &v,
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
     valid += v;
+    aux_sum += model_->last_aux_loss();
     st.t_forward += model_->last_forward_seconds();
     st.t_backward += model_->last_backward_seconds();
   }
@@ -428,6 +434,7 @@ StepStats Trainer::step() {
       log::info(os.str());
     }
   }
+  if (model_->moe_blocks() > 0) balance_moe(st, aux_sum);
   st.t_optimizer = since(t0) - gathered_s;
   st.t_comm += gathered_s;
   if (faults_.diverges_after(step_)) {  // the consistency check must see it
@@ -439,6 +446,53 @@ StepStats Trainer::step() {
   ++step_;
   st.seconds = since(t_step);
   return st;
+}
+
+void Trainer::balance_moe(StepStats& st, double aux_sum) {
+  // Loads of every MoE block and this rank's balance loss, summed over the data group:
+  // every rank then moves the biases alike (counts are exact in double).
+  std::vector<double> sums = model_->moe_loads();
+  sums.push_back(aux_sum);
+  groups_.data->allreduce(sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum);
+  st.aux_loss = sums.back() / static_cast<double>(layout_.global_batch_size);
+  sums.pop_back();
+  model_->reset_moe_loads();
+  // The bias follows the optimizer: a skipped step moves nothing.
+  if (!st.skipped) model_->update_moe_bias(sums, cfg_.model.moe.bias_update_rate);
+  const std::vector<float> bias = model_->moe_bias();
+  const std::int64_t E = model_->moe_experts(), blocks = model_->moe_blocks();
+  idle_steps_.resize(sums.size(), 0);
+  // Tokens that reach the MoE blocks: each routes to num_experts_per_tok experts.
+  const double tokens =
+      static_cast<double>(layout_.global_batch_size) * static_cast<double>(cfg_.data.seq_len);
+  // DeepSeek-V3's "no token dropping" assumes every expert keeps receiving tokens; an
+  // expert idle for this many steps in a row is worth a warning (once, as it crosses).
+  constexpr std::int64_t kIdleWarnSteps = 100;
+  st.moe.assign(static_cast<std::size_t>(blocks), MoeBalance{});
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    MoeBalance& m = st.moe[static_cast<std::size_t>(b)];
+    const auto first = static_cast<std::size_t>(b * E);
+    double total = 0.0, busiest = 0.0;
+    m.bias_min = m.bias_max = bias[first];
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::size_t i = first + static_cast<std::size_t>(e);
+      total += sums[i];
+      busiest = std::max(busiest, sums[i]);
+      m.bias_min = std::min(m.bias_min, static_cast<double>(bias[i]));
+      m.bias_max = std::max(m.bias_max, static_cast<double>(bias[i]));
+      if (sums[i] > 0.0) {
+        idle_steps_[i] = 0;
+        continue;
+      }
+      ++m.idle_experts;
+      if (++idle_steps_[i] == kIdleWarnSteps && groups_.world->rank() == 0)
+        log::warn("MoE block " + std::to_string(b) + " expert " + std::to_string(e) +
+                  " has received no token for " + std::to_string(kIdleWarnSteps) + " steps (step " +
+                  std::to_string(step_ + 1) + ")");
+    }
+    m.max_over_mean = total > 0.0 ? busiest / (total / static_cast<double>(E)) : 0.0;
+    m.busiest_fraction = tokens > 0.0 ? busiest / tokens : 0.0;
+  }
 }
 
 std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64_t batches) {
@@ -459,6 +513,7 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
     sums[1] += static_cast<double>(v);
   }
   groups_.data->allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
+  model_->reset_moe_loads();  // balancing counts the training batches' routing only
   return {sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<std::int64_t>(sums[1])};
 }
 

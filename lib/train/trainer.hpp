@@ -29,6 +29,14 @@
 
 namespace dst::train {
 
+/// One MoE block's load balance over a step's global batch (DeepSeekMoE models).
+struct MoeBalance {
+  double max_over_mean = 0.0;             ///< busiest expert's tokens / the mean over experts
+  double busiest_fraction = 0.0;          ///< fraction of the batch's tokens the busiest expert got
+  std::int64_t idle_experts = 0;          ///< experts that got no token this step
+  double bias_min = 0.0, bias_max = 0.0;  ///< the correction bias's range after the step
+};
+
 /// What one optimizer step did (identical on every rank).
 struct StepStats {
   std::int64_t step = 0;
@@ -41,6 +49,11 @@ struct StepStats {
   double loss_scale = 0.0;  ///< fp16: the loss scale this step's backward used; 0 otherwise
   int stop_ranks = 0;       ///< ranks that had received a stop signal (runtime/signals.hpp)
   double seconds = 0.0;     ///< wall time of the step
+  /// DeepSeekMoE: the sequence-wise balance loss, mean over the global batch's sequences,
+  /// summed over the MoE blocks (not part of `loss`), and each MoE block's balance. Empty
+  /// and 0 for a dense model.
+  double aux_loss = 0.0;
+  std::vector<MoeBalance> moe;
   // phase timers (this rank, seconds)
   double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
 };
@@ -214,6 +227,13 @@ class Trainer {
   /// ZeRO over MPI: all-gathers the updated parameters (this rank's shard final) bucket by
   /// bucket, the gradient buckets' ranges; returns the seconds it took.
   double gather_parameters();
+  /// DeepSeekMoE after a step: one all-reduce over the data group of the MoE blocks'
+  /// expert loads and the balance loss (`aux_sum`, this rank's), the correction biases'
+  /// update (auxiliary-loss-free balancing, model.moe.bias_update_rate) unless the step was
+  /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps.
+  void balance_moe(StepStats& st, double aux_sum);
+  /// Per MoE block and expert, steps in a row without a token (the idle-expert warning).
+  std::vector<std::int64_t> idle_steps_;
   std::size_t poison_offset_ = 0;  ///< where Faults::gradient_poison goes
   bool loss_scaling_ = false;      ///< training.precision fp16
   LossScaler scaler_;

@@ -4,8 +4,10 @@
 //   /grads/<name>    gradients of the mean loss over non-ignored targets
 //   /tokens, /targets (B, T) i32;  /logits (B, T, V) f32
 //   attributes: loss (mean), valid_tokens, and the model shape
+// (and the DeepSeek-V2/V3 shape keys, for tests/oracle/deepseek_parity.py)
 // usage: model_dump OUT.h5 [--batch B] [--seq T] [--ignore-every K] [--set key=value ...]
 //        model_dump --count [--set key=value ...]   (prints the layout's parameter count)
+//        model_dump --count-active [--set ...]       (the parameters a token uses, plan.hpp)
 #include <hdf5.h>
 #include <Kokkos_Core.hpp>
 
@@ -19,6 +21,7 @@
 #include "config/deck.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
+#include "model/plan.hpp"
 
 namespace {
 
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);  // the kernels' back end
   try {
     std::string out;
-    bool count_only = false;
+    bool count_only = false, count_active = false;
     std::int64_t B = 2, T = 16, ignore_every = 7;
     std::vector<dst::config::Override> sets;
     for (int i = 1; i < argc; ++i) {
@@ -64,6 +67,8 @@ int main(int argc, char** argv) {
       };
       if (a == "--count")
         count_only = true;
+      else if (a == "--count-active")
+        count_active = true;
       else if (a == "--batch")
         B = std::stoll(next());
       else if (a == "--seq")
@@ -80,6 +85,11 @@ int main(int argc, char** argv) {
     // A deck of just the overrides, validated like any deck (seq_len defaults to the
     // model's max_seq_len, so pass data.seq_len when it matters).
     const dst::config::RunConfig cfg = dst::config::load_deck_text("{}", "model_dump", sets);
+    if (count_active) {  // the closed form's parameters one token uses (MoE: top-k experts)
+      std::printf("%lld\n",
+                  static_cast<long long>(dst::model::count_parameters(cfg.model).active()));
+      return 0;
+    }
     if (count_only) {
       const dst::model::DenseModel plan(cfg.model, 1, 1, dst::tensor::Arena::Mode::plan);
       std::printf("%lld\n", static_cast<long long>(plan.params().parameter_count()));
@@ -137,6 +147,23 @@ int main(int argc, char** argv) {
     attr(f, "norm_eps", m.norm_eps);
     attr(f, "tie_embeddings", m.tie_embeddings ? 1.0 : 0.0);
     attr(f, "max_seq_len", static_cast<double>(m.max_seq_len));
+    // DeepSeek-V2/V3 (tests/oracle/deepseek_parity.py): latent attention and DeepSeekMoE.
+    attr(f, "q_lora_rank", static_cast<double>(m.q_lora_rank));
+    attr(f, "kv_lora_rank", static_cast<double>(m.kv_lora_rank));
+    attr(f, "qk_nope_head_dim", static_cast<double>(m.qk_nope_head_dim));
+    attr(f, "qk_rope_head_dim", static_cast<double>(m.qk_rope_head_dim));
+    attr(f, "v_head_dim", static_cast<double>(m.v_head_dim));
+    attr(f, "n_routed_experts", static_cast<double>(m.n_routed_experts));
+    attr(f, "n_shared_experts", static_cast<double>(m.n_shared_experts));
+    attr(f, "num_experts_per_tok", static_cast<double>(m.num_experts_per_tok));
+    attr(f, "moe_intermediate_size", static_cast<double>(m.moe_intermediate_size));
+    attr(f, "first_k_dense_replace", static_cast<double>(m.first_k_dense_replace));
+    attr(f, "n_group", static_cast<double>(m.n_group));
+    attr(f, "topk_group", static_cast<double>(m.topk_group));
+    attr(f, "norm_topk_prob", m.norm_topk_prob ? 1.0 : 0.0);
+    attr(f, "routed_scaling_factor", m.routed_scaling_factor);
+    attr(f, "moe_softmax", m.moe.score == dst::config::MoeScore::softmax ? 1.0 : 0.0);
+    attr(f, "seq_aux_loss_alpha", m.moe.seq_aux_loss_alpha);
     H5Gclose(gp);
     H5Gclose(gg);
     H5Fclose(f);

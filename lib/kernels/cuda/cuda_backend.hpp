@@ -32,6 +32,7 @@ void run(void* stream, const kernels::detail::RmsnormForwardArgs& a);
 void run(void* stream, const kernels::detail::RmsnormBackwardArgs& a);
 void run(void* stream, const kernels::detail::RopeTablesArgs& a);
 void run(void* stream, const kernels::detail::RopeArgs& a);
+void run(void* stream, const kernels::detail::RopeInterleavedArgs& a);
 void run(void* stream, const kernels::detail::SoftmaxForwardArgs& a);
 void run(void* stream, const kernels::detail::SoftmaxBackwardArgs& a);
 void run(void* stream, const kernels::detail::SwigluForwardArgs& a);

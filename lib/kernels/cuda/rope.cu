@@ -59,6 +59,28 @@ __global__ void rotate(float* x,                // (B*T*H, D)
   }
 }
 
+/// In place over rows (b, t, h) of x viewed as (B*T*H, W): one thread per pair (2i, 2i+1)
+/// of the last 2 * half columns (interleaved: DeepSeek's MLA). The Kokkos kernel's float
+/// operations, so the results are bitwise equal to it.
+__global__ void rotate_interleaved(float* x,                // (B*T*H, W)
+                                   const float* cos_table,  // (>= T, half)
+                                   const float* sin_table,  // (>= T, half)
+                                   const Index rows, const Index t_len, const Index heads,
+                                   const Index width, const Index half, const float sign) {
+  for (Index k = grid_start(); k < rows * half; k += grid_stride()) {
+    const Index row = k / half;
+    const Index i = k - row * half;
+    const Index t = (row / heads) % t_len;
+    float* p = x + row * width + (width - 2 * half) + 2 * i;
+    const float a = p[0];
+    const float b = p[1];
+    const float c = cos_table[t * half + i];
+    const float s = sign * sin_table[t * half + i];
+    p[0] = a * c - b * s;
+    p[1] = b * c + a * s;
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -82,6 +104,16 @@ void run(void* stream, const kernels::detail::RopeArgs& a) {
         rotate<decltype(kVec)::value>, element_grid(rows * ceil_div(a.half, 4)),
         dim3(kElementThreads), s, a.x, a.cos, a.sin, rows, a.t, a.h, a.half, sign);
   });
+}
+
+void run(void* stream, const kernels::detail::RopeInterleavedArgs& a) {
+  using namespace detail;
+  const cudaStream_t s = stream_of(stream);
+  const Index rows = a.b * a.t * a.h;
+  DST_CUDA_LAUNCH(a.inverse ? "dst::kernels::rope_interleaved_backward::rotate"
+                            : "dst::kernels::rope_interleaved_forward::rotate",
+                  rotate_interleaved, element_grid(rows * a.half), dim3(kElementThreads), s, a.x,
+                  a.cos, a.sin, rows, a.t, a.h, a.width, a.half, a.inverse ? -1.0f : 1.0f);
 }
 
 }  // namespace dst::kernels::cuda_backend

@@ -61,6 +61,14 @@ struct RopeArgs {
   bool inverse;  ///< false: forward rotation; true: its transpose (the backward)
 };
 
+struct RopeInterleavedArgs {
+  float* x;          // (B, T, H, W): the last 2 * half columns of each row rotated in place
+  const float* cos;  // (>= T, half); row t is position t
+  const float* sin;  // (>= T, half)
+  Index b, t, h, width, half;
+  bool inverse;  ///< false: forward rotation; true: its transpose (the backward)
+};
+
 struct SoftmaxForwardArgs {
   const float* scores;  // (R, T) with R = B*H*T rows; may alias probs
   float scale;

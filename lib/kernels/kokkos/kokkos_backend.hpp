@@ -25,6 +25,7 @@ void run(const kernels::detail::RmsnormForwardArgs& a);
 void run(const kernels::detail::RmsnormBackwardArgs& a);
 void run(const kernels::detail::RopeTablesArgs& a);
 void run(const kernels::detail::RopeArgs& a);
+void run(const kernels::detail::RopeInterleavedArgs& a);
 void run(const kernels::detail::SoftmaxForwardArgs& a);
 void run(const kernels::detail::SoftmaxBackwardArgs& a);
 void run(const kernels::detail::SwigluForwardArgs& a);

@@ -57,6 +57,34 @@ void rope_apply(const ExecSpace& space, const char* label,
       });
 }
 
+/// In place over rows (b, t, h) of x viewed as (B*T*H, W): the pairs (2i, 2i + 1) of the
+/// last 2 * half columns, rotated by angle(t, i) (interleaved: DeepSeek's MLA).
+template <class ExecSpace>
+void rope_interleaved(const ExecSpace& space, const char* label,
+                      const Matrix<ExecSpace, float>& x,          // (B*T*H, W)
+                      const Matrix<ExecSpace, const float>& cos,  // (>= T, half)
+                      const Matrix<ExecSpace, const float>& sin,  // (>= T, half)
+                      const Index t_len, const Index heads, const bool inverse) {
+  const Index half = static_cast<Index>(cos.extent(1));
+  const Index first = static_cast<Index>(x.extent(1)) - 2 * half;
+  const float sign = inverse ? -1.0f : 1.0f;
+  Kokkos::parallel_for(
+      label, Range<ExecSpace>(space, 0, static_cast<Index>(x.extent(0))),
+      KOKKOS_LAMBDA(const Index row) {
+        const Index t = (row / heads) % t_len;
+        float* p = &x(row, first);
+        const float* cr = &cos(t, 0);
+        const float* sr = &sin(t, 0);
+        for (Index i = 0; i < half; ++i) {
+          const float a = p[2 * i];
+          const float b = p[2 * i + 1];
+          const float s = sign * sr[i];
+          p[2 * i] = a * cr[i] - b * s;
+          p[2 * i + 1] = b * cr[i] + a * s;
+        }
+      });
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -78,6 +106,16 @@ void run(const kernels::detail::RopeArgs& a) {
       Matrix<Space, float>(a.x, a.b * a.t * a.h, 2 * a.half),
       Matrix<Space, const float>(a.cos, a.t, a.half),
       Matrix<Space, const float>(a.sin, a.t, a.half), a.t, a.h, a.inverse);
+}
+
+void run(const kernels::detail::RopeInterleavedArgs& a) {
+  using namespace detail;
+  rope_interleaved(Space(),
+                   a.inverse ? "dst::kernels::rope_interleaved_backward::rotate"
+                             : "dst::kernels::rope_interleaved_forward::rotate",
+                   Matrix<Space, float>(a.x, a.b * a.t * a.h, a.width),
+                   Matrix<Space, const float>(a.cos, a.t, a.half),
+                   Matrix<Space, const float>(a.sin, a.t, a.half), a.t, a.h, a.inverse);
 }
 
 }  // namespace dst::kernels::kokkos_backend

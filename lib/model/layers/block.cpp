@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/error.hpp"
 #include "kernels/kernels.hpp"
 
 namespace dst::model {
@@ -28,30 +29,57 @@ Block::Block(const config::ModelSection& m, std::int64_t layer)
       norm2_(layer_prefix(layer) + "post_attention_layernorm.weight", m.d_model,
              static_cast<float>(m.norm_eps)),
       mlp_(layer_prefix(layer) + "mlp.", m.d_model, m.ffn_dim, residual_std(m)),
-      C_(m.d_model) {}
+      model_dense_mlp_(m.n_routed_experts == 0 || m.first_k_dense_replace > 0),
+      C_(m.d_model) {
+  if (m.mla()) mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m));
+  if (m.moe_layer(layer)) moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m));
+  if (m.n_routed_experts > 0) model_moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m));
+}
 
 void Block::declare(std::vector<ParamSpec>& specs) const {
   norm1_.declare(specs);
-  attn_.declare(specs);
+  if (mla_)
+    mla_->declare(specs);
+  else
+    attn_.declare(specs);
   norm2_.declare(specs);
-  mlp_.declare(specs);
+  if (moe_)
+    moe_->declare(specs);
+  else
+    mlp_.declare(specs);
 }
 
 void Block::bind(const ParamStore& params) {
   norm1_.bind(params);
-  attn_.bind(params);
+  if (mla_)
+    mla_->bind(params);
+  else
+    attn_.bind(params);
   norm2_.bind(params);
-  mlp_.bind(params);
+  if (moe_)
+    moe_->bind(params);
+  else
+    mlp_.bind(params);
 }
 
 void Block::take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
-                       bool keep_probs, BlockActs& a) const {
+                       bool keep_probs, bool shared, BlockActs& a) const {
   const std::int64_t N = B * T;
   a.norm1 = norm1_.take(arena, N, "ln1", "rstd1");
-  a.attn = attn_.take(arena, B, T, fused, keep_probs);
+  if (mla_)
+    a.mla = mla_->take(arena, B, T, keep_probs);
+  else
+    a.attn = attn_.take(arena, B, T, fused, keep_probs);
   a.mid = arena.take("mid", {N, C_}, DType::f32);
   a.norm2 = norm2_.take(arena, N, "ln2", "rstd2");
-  a.mlp = mlp_.take(arena, N);
+  if (shared) {
+    if (model_dense_mlp_) a.mlp = mlp_.take(arena, N);
+    if (model_moe_) a.moe = model_moe_->take(arena, N, false);
+  } else if (moe_) {
+    a.moe = moe_->take(arena, N, !arena.planning());
+  } else {
+    a.mlp = mlp_.take(arena, N);
+  }
 }
 
 BlockActs Block::take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
@@ -59,7 +87,9 @@ BlockActs Block::take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t 
   BlockActs a;
   a.recompute = recompute;
   if (recompute == config::Recompute::full)
-    take_inner(arena, B, T, fused, true, a);
+    take_inner(arena, B, T, fused, true, true, a);
+  else if (recompute == config::Recompute::selective && mla_)
+    a.mla.probs = mla_->take_probs(arena, B, T);
   else if (recompute == config::Recompute::selective && !fused)
     a.attn.probs = attn_.take_probs(arena, B, T);
   return a;
@@ -71,10 +101,16 @@ BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool
   BlockActs a;
   if (recompute == config::Recompute::full) a = shared;
   a.x = arena.take("x", {N, C_}, DType::f32);
-  if (recompute != config::Recompute::full) {
+  if (recompute == config::Recompute::full) {
+    // The routing is host state the trainer reads after the step (the block's expert loads).
+    if (moe_ && !arena.planning()) a.moe.routing = moe_->make_routing(N);
+  } else {
     const bool selective = recompute == config::Recompute::selective;
-    take_inner(arena, B, T, fused, !selective, a);
-    if (selective) a.attn.probs = shared.attn.probs;
+    take_inner(arena, B, T, fused, !selective, false, a);
+    if (selective) {
+      a.attn.probs = shared.attn.probs;
+      a.mla.probs = shared.mla.probs;
+    }
   }
   a.recompute = recompute;
   return a;
@@ -84,21 +120,40 @@ BlockScratch Block::take_scratch(tensor::Arena& arena, std::int64_t B, std::int6
                                  bool fused) const {
   BlockScratch s;
   s.d_ln = arena.take("d_ln", {B * T, C_}, DType::f32);
-  s.attn = attn_.take_scratch(arena, B, T, fused);
-  s.mlp = mlp_.take_scratch(arena, B * T);
+  if (mla_)
+    s.mla = mla_->take_scratch(arena, B, T);
+  else
+    s.attn = attn_.take_scratch(arena, B, T, fused);
+  if (model_dense_mlp_) s.mlp = mlp_.take_scratch(arena, B * T);
+  if (model_moe_) s.moe = model_moe_->take_scratch(arena, B * T);
   return s;
 }
 
 void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                     const BlockActs& a, const tensor::Tensor& out, const KVCache* cache) const {
+  run_forward(c, rope, B, T, a, out, cache, false);
+}
+
+void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                        const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
+                        bool recomputing) const {
   // store(): each activation as a 16-bit back end would keep it (identity for f32).
   // Norm statistics (rstd), softmax and the loss reduce in fp32 and are not rounded.
   norm1_.forward(c, a.x, a.norm1);
-  attn_.forward(c, rope, B, T, a.norm1.out, a.attn, a.mid, cache);
+  if (mla_) {
+    if (cache)
+      throw Error("model: decoding with a KV cache is not implemented for latent attention");
+    mla_->forward(c, rope, B, T, a.norm1.out, a.mla, a.mid);
+  } else {
+    attn_.forward(c, rope, B, T, a.norm1.out, a.attn, a.mid, cache);
+  }
   kernels::add(c.ctx, a.mid, a.x, a.mid);
   c.store(a.mid);  // the residual stream
   norm2_.forward(c, a.mid, a.norm2);
-  mlp_.forward(c, a.norm2.out, a.mlp, out);
+  if (moe_)
+    moe_->forward(c, B, T, a.norm2.out, a.moe, out, !recomputing);
+  else
+    mlp_.forward(c, a.norm2.out, a.mlp, out);
   kernels::add(c.ctx, out, a.mid, out);
   c.store(out);  // the residual stream: the next block's input
 }
@@ -109,15 +164,23 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
   // Recompute what the forward did not keep: the same operations on the same inputs and
   // weights, so the same bits as a record that kept them.
   if (a.recompute == config::Recompute::full)
-    forward(c, rope, B, T, a, s.d_ln);
+    run_forward(c, rope, B, T, a, s.d_ln, nullptr, true);
+  else if (a.recompute == config::Recompute::selective && mla_)
+    mla_->recompute_probs(c, B, T, a.mla);
   else if (a.recompute == config::Recompute::selective)
     attn_.recompute_probs(c, B, T, a.attn);
   // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
-  mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
+  if (moe_)
+    moe_->backward(c, B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);
+  else
+    mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
   norm2_.backward(c, s.d_ln, a.mid, a.norm2, d_x);
   ready(c.offset(norm2_.weight()));  // a chance to poll in-flight buckets mid-block
   // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
-  attn_.backward(c, rope, B, T, d_x, a.norm1.out, a.attn, s.attn, s.d_ln);
+  if (mla_)
+    mla_->backward(c, rope, B, T, d_x, a.norm1.out, a.mla, s.mla, s.d_ln);
+  else
+    attn_.backward(c, rope, B, T, d_x, a.norm1.out, a.attn, s.attn, s.d_ln);
   norm1_.backward(c, s.d_ln, a.x, a.norm1, d_x);
   ready(c.offset(norm1_.weight()));  // the block's first tensor: the whole block is final
 }

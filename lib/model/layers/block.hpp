@@ -5,12 +5,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/run_config.hpp"
 #include "model/layers/attention.hpp"
+#include "model/layers/latent_attention.hpp"
 #include "model/layers/layer.hpp"
 #include "model/layers/mlp.hpp"
+#include "model/layers/moe.hpp"
 #include "model/layers/rmsnorm.hpp"
 #include "tensor/arena.hpp"
 
@@ -21,13 +24,16 @@ namespace dst::model {
 /// (Block::take_shared), which the forward overwrites block after block and the backward
 /// refills for its block before using them.
 struct BlockActs {
-  tensor::Tensor x;    // (N, C) block input (residual stream): always its own
-  RmsNormActs norm1;   // (N, C), (N) rmsnorm(x)
-  AttentionActs attn;  // q, k, v, probs or stats, attn
-  tensor::Tensor mid;  // (N, C) x + o_proj(attn)
-  RmsNormActs norm2;   // (N, C), (N) rmsnorm(mid)
-  MlpActs mlp;         // h1, h3, g
-  /// selective: attn.probs is shared; full: everything but x is shared.
+  tensor::Tensor x;         // (N, C) block input (residual stream): always its own
+  RmsNormActs norm1;        // (N, C), (N) rmsnorm(x)
+  AttentionActs attn;       // q, k, v, probs or stats, attn (standard attention)
+  LatentAttentionActs mla;  // multi-head latent attention (model.kv_lora_rank > 0)
+  tensor::Tensor mid;       // (N, C) x + o_proj(attn)
+  RmsNormActs norm2;        // (N, C), (N) rmsnorm(mid)
+  MlpActs mlp;              // h1, h3, g (dense MLP)
+  MoeActs moe;              // DeepSeekMoE (model.moe_layer(l)); its host routing is the block's own
+  /// selective: the attention probabilities (attn.probs or mla.probs) are shared; full:
+  /// everything but x and the MoE routing is shared.
   config::Recompute recompute = config::Recompute::none;
 };
 
@@ -35,7 +41,9 @@ struct BlockActs {
 struct BlockScratch {
   tensor::Tensor d_ln;  // (N, C) gradient of a norm's output
   AttentionScratch attn;
+  LatentAttentionScratch mla;
   MlpScratch mlp;
+  MoeScratch moe;
 };
 
 class Block {
@@ -43,23 +51,32 @@ class Block {
   /// Block `layer` (0-based) of the model `m`: its parameters are "model.layers.<layer>.*".
   Block(const config::ModelSection& m, std::int64_t layer);
 
-  /// input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-  /// mlp.{gate,up,down}_proj, in this order.
+  /// input_layernorm, self_attn.{q,k,v,o}_proj (or latent attention's, LatentAttention::
+  /// declare), post_attention_layernorm, mlp.{gate,up,down}_proj (or DeepSeekMoE's,
+  /// Moe::declare), in this order.
   void declare(std::vector<ParamSpec>& specs) const;
   void bind(const ParamStore& params);
-  std::int64_t head_dim() const { return attn_.head_dim(); }
+  /// The RoPE tables' head dim: the head dim, or qk_rope_head_dim with latent attention.
+  std::int64_t head_dim() const { return mla_ ? mla_->rope_dim() : attn_.head_dim(); }
 
   /// The part of the activation records every block shares under `recompute`, taken once
-  /// (from the workspace): full: a whole record but x (one block's activations);
-  /// selective: attention's (B, H, T, T) probabilities (none when `fused`); none: nothing.
+  /// (from the workspace): full: a whole record but x (one block's activations, with the
+  /// dense MLP's and the MoE layer's parts as the model has them, without MoE routing);
+  /// selective: the attention probabilities, (B, H, T, T) (none when `fused` with standard
+  /// attention); none: nothing.
   BlockActs take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                         config::Recompute recompute) const;
   /// This block's record of B sequences of T tokens: what `recompute` keeps comes from
-  /// `arena`, the rest are the views of `shared` (from take_shared; unused for none).
+  /// `arena`, the rest are the views of `shared` (from take_shared; unused for none). An
+  /// MoE block's host routing is always its own (its expert loads are the block's).
   BlockActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                  config::Recompute recompute = config::Recompute::none,
                  const BlockActs& shared = {}) const;
+  /// The scratch every block of the model can share (dense MLP and MoE parts as the model
+  /// has them, whichever block takes it).
   BlockScratch take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused) const;
+  /// The block's DeepSeekMoE layer; nullptr for a dense MLP block.
+  const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
 
   /// out (N, C) = the block of a.x (N, C), B sequences of T tokens; keeps a. `out` may be
   /// a.x (decoding overwrites its rows in place). `cache`: see Attention::forward.
@@ -77,14 +94,25 @@ class Block {
 
  private:
   /// Everything but x: norm1, attention (`keep_probs`: its probabilities too), mid,
-  /// norm2, mlp, in this order.
+  /// norm2, the feed-forward part, in this order. `shared`: the record every block shares
+  /// (full recompute): the dense MLP's and the MoE layer's parts as the model has them,
+  /// without MoE routing; otherwise this block's part (an MoE block's routing with it).
   void take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused, bool keep_probs,
-                  BlockActs& a) const;
+                  bool shared, BlockActs& a) const;
+  /// forward(); `recomputing`: the backward's refill of a full-recompute record, which
+  /// must not count the MoE layer's expert choices a second time.
+  void run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
+                   const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
+                   bool recomputing) const;
 
   RmsNorm norm1_;
-  Attention attn_;
+  Attention attn_;                      // unused with latent attention
+  std::optional<LatentAttention> mla_;  // model.kv_lora_rank > 0
   RmsNorm norm2_;
-  Mlp mlp_;
+  Mlp mlp_;                       // unused in an MoE block
+  std::optional<Moe> moe_;        // model.moe_layer(layer)
+  bool model_dense_mlp_;          // some block of the model has the dense MLP
+  std::optional<Moe> model_moe_;  // the model's MoE shape (for the shared scratch)
   std::int64_t C_;
 };
 

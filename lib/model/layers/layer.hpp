@@ -33,6 +33,11 @@ struct Compute {
   /// (params->buffer_elements()) the master parameters rounded to `storage`, in the
   /// store's layout; nullptr: the layers read the master parameters (f32).
   float* compute_base = nullptr;
+  /// The weight of each sequence's MoE balance loss in the gradient: the cross-entropy's
+  /// grad_scale times the sequence length T, so it counts like T tokens' losses (with
+  /// grad_scale = 1 / tokens of the global batch: the mean over its sequences).
+  /// DenseModel::forward_backward sets it.
+  float aux_grad_scale = 0.0f;
 
   /// The weights of parameter `i` the forward and backward compute with: the master
   /// parameter (f32), or its rounded compute copy (bf16/f16).

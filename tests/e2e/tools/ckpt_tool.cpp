@@ -8,8 +8,9 @@
 //       reads the parameters back through ckpt::Reader and writes, for a fixed batch of
 //       tokens: OUT_PREFIX.tokens.i32 (B, T), OUT_PREFIX.model.f32 (B, T, V) from
 //       DenseModel::forward, OUT_PREFIX.decoder.f32 (B, T, V) from the KV-cache decoder
-//       (half of each sequence as a prompt, the rest one token at a time). Raw
-//       little-endian arrays (numpy.fromfile).
+//       (half of each sequence as a prompt, the rest one token at a time; not for
+//       latent-attention or MoE models, which the decoder refuses). Raw little-endian
+//       arrays (numpy.fromfile).
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -137,6 +138,12 @@ int logits(const std::vector<std::string>& args) {
   model.forward(tokens.data(), tokens.data());
   const auto lg = model.logits();
   const std::vector<float> full(lg.ptr<float>(), lg.ptr<float>() + lg.numel());
+  write_raw(prefix + ".tokens.i32", tokens);
+  write_raw(prefix + ".model.f32", full);
+  std::printf("logits: batch %lld x seq %lld x vocab %lld\n", static_cast<long long>(B),
+              static_cast<long long>(T), static_cast<long long>(V));
+  // The decoder has no latent KV cache or MoE routing yet (it refuses those models).
+  if (m.mla() || m.n_routed_experts > 0) return 0;
   std::vector<float> dec_logits(full.size());
   dst::model::Decoder dec(m, ps, T);
   const std::int64_t prompt = T / 2;
@@ -151,11 +158,7 @@ int logits(const std::vector<std::string>& args) {
       std::copy(l.ptr<float>(), l.ptr<float>() + V, out + t * V);
     }
   }
-  write_raw(prefix + ".tokens.i32", tokens);
-  write_raw(prefix + ".model.f32", full);
   write_raw(prefix + ".decoder.f32", dec_logits);
-  std::printf("logits: batch %lld x seq %lld x vocab %lld\n", static_cast<long long>(B),
-              static_cast<long long>(T), static_cast<long long>(V));
   return 0;
 }
 

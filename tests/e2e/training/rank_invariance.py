@@ -22,7 +22,11 @@ for ranks on one node) and MPI. On two ranks they must agree bit for bit (each e
 sum is one addition, a + b == b + a); on four, within the tolerance above (MPI chooses
 its own summation order).
 
-usage: rank_invariance.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
+usage: rank_invariance.py DSTRAIN DECK GENERATOR WORKDIR [KEY=VALUE...] -- MPIEXEC
+       NUMPROC_FLAG [PREFLAGS...]
+The KEY=VALUE overrides change the model of every run (a DeepSeekMoE model: its expert
+loads are all-reduced over the data group, so the routers' correction biases must move
+alike in every layout).
 """
 import json
 import os
@@ -50,7 +54,7 @@ def rel_l2(a, b):
 
 def main():
     sep = sys.argv.index("--")
-    dstrain, deck, generator, work = sys.argv[1:sep]
+    dstrain, deck, generator, work, *model_sets = sys.argv[1:sep]
     mpiexec, numproc_flag, *preflags = sys.argv[sep + 1:]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -70,6 +74,8 @@ def main():
                "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
                "--set", "eval.batches=1", "--set", f"run.output_dir={out}",
                "--set", f"parallel.backend={backend}"]
+        for m in model_sets:
+            cmd += ["--set", m]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout + r.stderr)

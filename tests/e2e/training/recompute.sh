@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # training.recompute end to end (docs/performance.md), 2 ranks, the tiny deck on a slice of
 # the demo corpus, launched as users do:
-#   recompute.sh DSTRAIN SOURCE_DIR WORK_DIR -- LAUNCHER...
+#   recompute.sh DSTRAIN SOURCE_DIR WORK_DIR [KEY=VALUE...] -- LAUNCHER...
 # 6 steps at recompute none, selective and full (fp32 and bf16): every step's loss, learning
-# rate and gradient norm and the final parameters (h5diff, exact) are bit-identical to none's.
+# rate and gradient norm (and a DeepSeekMoE model's balance loss and per-block loads and
+# biases) and the final parameters (h5diff, exact) are bit-identical to none's. KEY=VALUE:
+# deck overrides for every run (a latent-attention MoE model).
 set -euo pipefail
 dstrain=$1 src=$2 work=$3
 shift 3
+overrides=()
+while [[ $# -gt 0 && $1 != -- ]]; do
+  overrides+=(--set "$1")
+  shift
+done
 [[ ${1:-} == -- ]] && shift
 launch=("$@")
 mkdir -p "$work"
@@ -21,7 +28,8 @@ fields() {  # the deterministic fields of RUN's step and eval records
 import json,sys
 for line in open(sys.argv[1]):
     r=json.loads(line)
-    if r["type"]=="step": print("step", r["step"], repr(r["loss"]), repr(r["lr"]), repr(r["grad_norm"]), r["tokens"])
+    if r["type"]=="step": print("step", r["step"], repr(r["loss"]), repr(r["lr"]), repr(r["grad_norm"]), r["tokens"],
+                               repr(r.get("aux_loss")), json.dumps(r.get("moe"), sort_keys=True))
     elif r["type"]=="eval": print("eval", r["step"], repr(r["val_loss"]), r["val_tokens"])
 ' "$work/$1/metrics.jsonl"
 }
@@ -29,7 +37,7 @@ for precision in fp32 bf16; do
   for mode in none selective full; do
     name=$precision-$mode
     rm -rf "${work:?}/$name"
-    "${launch[@]}" "$dstrain" train "$src/inputs/tiny.yaml" "${common[@]}" \
+    "${launch[@]}" "$dstrain" train "$src/inputs/tiny.yaml" "${common[@]}" ${overrides[@]+"${overrides[@]}"} \
       --set "run.output_dir=$work/$name" --set training.precision=$precision \
       --set training.recompute=$mode >"$work/$name.log" 2>&1 ||
       { echo "run $name failed:"; tail -20 "$work/$name.log"; exit 1; }

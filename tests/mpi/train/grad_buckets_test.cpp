@@ -215,7 +215,9 @@ TEST_P(GradBucketsTest, ZeroBucketsReduceScatterOntoTheShards) {
       // Outside the shard, whole pages of 64 KiB buckets: released, zeros.
       for (std::size_t p = 0; p + page <= kElements; p += page) {
         const bool outside = p + page <= first || p >= last;
-        if (outside) ASSERT_EQ(g[p + 1], 0.0f) << "page at element " << p << " kept";
+        if (outside) {
+          ASSERT_EQ(g[p + 1], 0.0f) << "page at element " << p << " kept";
+        }
       }
     }
   }

@@ -94,6 +94,63 @@ TEST(Rope, BackwardIsDeterministic) {
   expect_bitwise(a, c, "rope_backward");
 }
 
+// --- RoPE, interleaved pairs on the last columns (multi-head latent attention) ----------
+
+/// Pairs (w-d+2i, w-d+2i+1) of rows of width w rotated by angle(t, i); other columns kept.
+std::vector<double> rope_interleaved_ref(const std::vector<double>& x, std::int64_t b,
+                                         std::int64_t t_len, std::int64_t h, std::int64_t w,
+                                         std::int64_t d, double theta) {
+  const auto ang = rope_angles(t_len, d, theta);
+  std::vector<double> y = x;
+  const std::int64_t half = d / 2, first = w - d;
+  for (std::int64_t row = 0; row < b * t_len * h; ++row) {
+    const std::int64_t t = (row / h) % t_len;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double c = std::cos(ang[t * half + i]), s = std::sin(ang[t * half + i]);
+      const double e = x[row * w + first + 2 * i], o = x[row * w + first + 2 * i + 1];
+      y[row * w + first + 2 * i] = e * c - o * s;
+      y[row * w + first + 2 * i + 1] = o * c + e * s;
+    }
+  }
+  return y;
+}
+
+void check_rope_interleaved(std::int64_t b, std::int64_t t_len, std::int64_t h, std::int64_t w,
+                            std::int64_t d, std::int64_t table_len, std::uint32_t seed) {
+  const double theta = 500.0;
+  std::vector<float> cs(static_cast<std::size_t>(table_len * d / 2)), sn = cs;
+  rope_tables(kokkos_ctx(), theta, view(cs, {table_len, d / 2}), view(sn, {table_len, d / 2}));
+  const auto x0 = random_vec(static_cast<std::size_t>(b * t_len * h * w), seed);
+  auto x = x0;
+  rope_interleaved_forward(kokkos_ctx(), view(x, {b, t_len, h, w}), view(cs, {table_len, d / 2}),
+                           view(sn, {table_len, d / 2}));
+  // Table rounding (6e-8) plus two float products and a sum of values <= 1.
+  expect_close(x, rope_interleaved_ref(to_double(x0), b, t_len, h, w, d, theta), 3e-7, 0,
+               "rope_interleaved_forward");
+  // Backward = gradient of L = sum(rope(x) * r): FD of the (linear) double reference.
+  const auto r = random_vec(x0.size(), seed + 1);
+  auto dx = r;
+  rope_interleaved_backward(kokkos_ctx(), view(dx, {b, t_len, h, w}), view(cs, {table_len, d / 2}),
+                            view(sn, {table_len, d / 2}));
+  const auto g = fd_gradient(to_double(x0), [&](const std::vector<double>& xv) {
+    return weighted_sum(rope_interleaved_ref(xv, b, t_len, h, w, d, theta), r);
+  });
+  expect_close(dx, g, 3e-7, 0, "rope_interleaved_backward");
+}
+
+TEST(RopeInterleaved, ForwardAndBackwardMatchReference) {
+  check_rope_interleaved(2, 5, 3, 14, 8, 5, 50);  // query heads [nope 6 | rope 8]
+  check_rope_interleaved(2, 4, 1, 10, 4, 9, 51);  // [latent 6 | shared key 4], long tables
+  check_rope_interleaved(1, 3, 2, 6, 6, 3, 52);   // rope columns only
+}
+
+TEST(RopeInterleaved, RejectsTablesWiderThanTheRow) {
+  std::vector<float> x(2 * 4), cs(2 * 3), sn = cs;
+  EXPECT_THROW(rope_interleaved_forward(kokkos_ctx(), view(x, {1, 2, 1, 4}), view(cs, {2, 3}),
+                                        view(sn, {2, 3})),
+               Error);
+}
+
 // --- causal softmax ----------------------------------------------------------------------
 
 std::vector<double> softmax_ref(const std::vector<double>& s, std::int64_t rows, std::int64_t t_len,

@@ -201,6 +201,46 @@ TEST(Plan, RecomputeTradesActivationsForFlops) {
   EXPECT_GT(full.step.compute_s, none.step.compute_s * 1.25);
 }
 
+// tiny-moe (latent attention, DeepSeekMoE): the routed experts' activations are dropless,
+// top_k x tokens rows in all (the balanced top_k x tokens / n_routed per expert), each row
+// its sorted input, h1, h3, g and output plus its host routing (choice, weight and its
+// gradient, sorted token and row); recompute's FLOPs use the active parameters and the
+// latent attention's query/key width.
+TEST(Plan, MoeActivationsGrowWithTopKAndRecomputeCountsActiveFlops) {
+  auto c = dst::config::load_deck_text(
+      "model: {preset: tiny-moe}\ntraining: {micro_batch_size: 2}\n", "plan_test");
+  dst::config::Layout one;
+  one.global_batch_size = 2;
+  const auto& m = c.model;
+  const std::uint64_t N = 2 * static_cast<std::uint64_t>(c.data.seq_len);
+  const auto moe_layers = static_cast<std::uint64_t>(m.n_layers - m.first_k_dense_replace);
+  const auto top2 = dst::model::make_plan(c, one);
+  ASSERT_EQ(m.num_experts_per_tok, 2);
+  c.model.num_experts_per_tok = 1;
+  const auto top1 = dst::model::make_plan(c, one);
+  const auto row_bytes =
+      static_cast<std::uint64_t>((2 * m.d_model + 3 * m.moe_intermediate_size) * 4 + 5 * 4);
+  EXPECT_EQ(top2.memory.activations - top1.memory.activations, moe_layers * N * row_bytes);
+  EXPECT_EQ(top2.memory.parameters, top1.memory.parameters);  // every expert, whatever top_k
+
+  c.model.num_experts_per_tok = 2;
+  c.training.recompute = dst::config::Recompute::selective;
+  const auto selective = dst::model::make_plan(c, one);
+  c.training.recompute = dst::config::Recompute::full;
+  const auto full = dst::model::make_plan(c, one);
+  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(c.data.seq_len);
+  const double qk = static_cast<double>(m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim));
+  const double v = static_cast<double>(m.n_heads * m.v_head_dim);
+  EXPECT_DOUBLE_EQ(selective.recompute_flops_per_token, 2.0 * L * T * qk);
+  const auto p = dst::model::count_parameters(m);
+  const double active_layers = static_cast<double>(p.per_layer * m.first_k_dense_replace +
+                                                   p.per_moe_layer_active * p.moe_layers);
+  EXPECT_LT(active_layers, static_cast<double>(p.layers));
+  EXPECT_DOUBLE_EQ(full.recompute_flops_per_token, 2.0 * active_layers + 2.0 * L * T * (qk + v));
+  EXPECT_LT(full.memory.activations + full.memory.recompute,
+            selective.memory.activations + selective.memory.recompute);
+}
+
 TEST(Plan, StepTimeComesFromTheRateTable) {
   dst::config::RunConfig c;
   c.model = deepseek_llm_7b();

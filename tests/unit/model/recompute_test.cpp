@@ -1,6 +1,8 @@
 // training.recompute: selective and full recompute give the loss and every gradient of
-// recompute none bit for bit (MHA and GQA, fp32 and emulated bf16, two accumulated
-// micro-batches), and keep less: the activation arena shrinks by what is recomputed.
+// recompute none bit for bit (MHA and GQA, latent attention with DeepSeekMoE, fp32 and
+// emulated bf16, two accumulated micro-batches), and keep less: the activation arena
+// shrinks by what is recomputed. MoE blocks count their expert loads and set the balance
+// loss once per forward, recomputed or not.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -34,6 +36,29 @@ dst::config::ModelSection model(std::int64_t kv_heads) {
   return m;
 }
 
+/// A tiny DeepSeek-V3-shaped model: latent attention (with a query latent), a dense first
+/// block, then DeepSeekMoE blocks (sigmoid router with its correction bias, group-limited
+/// top-2 of 8, one shared expert, the sequence-wise balance loss).
+dst::config::ModelSection mla_moe_model() {
+  auto m = model(4);
+  m.q_lora_rank = 16;
+  m.kv_lora_rank = 16;
+  m.qk_nope_head_dim = 8;
+  m.qk_rope_head_dim = 4;
+  m.v_head_dim = 8;
+  m.n_routed_experts = 8;
+  m.n_shared_experts = 1;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 24;
+  m.first_k_dense_replace = 1;
+  m.n_group = 2;
+  m.topk_group = 1;
+  m.routed_scaling_factor = 2.5;
+  m.moe.score = dst::config::MoeScore::sigmoid;
+  m.moe.seq_aux_loss_alpha = 0.01;
+  return m;
+}
+
 std::vector<std::int32_t> draw(std::uint64_t stream, std::int32_t vocab) {
   std::vector<std::int32_t> v;
   for (std::int64_t i = 0; i < kB * kT; ++i)
@@ -48,6 +73,8 @@ struct Result {
   std::vector<float> grads;
   std::vector<std::size_t> ready;  // the on_ready offsets, in order
   double eval_loss = 0.0;
+  std::vector<double> moe_loads;  // after the two micro-batches and the evaluation
+  double aux_loss = 0.0;          // the last training micro-batch's balance loss
 };
 
 Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage, Recompute r) {
@@ -55,6 +82,13 @@ Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage
   net.params().initialize(3);
   net.refresh_compute_params();
   net.params().zero_grads();
+  if (m.n_routed_experts > 0) {
+    // A correction bias away from zero, so the routing uses it as training would.
+    std::vector<double> loads(static_cast<std::size_t>(net.moe_blocks() * net.moe_experts()));
+    for (std::size_t i = 0; i < loads.size(); ++i)
+      loads[i] = static_cast<double>(i % 5);
+    net.update_moe_bias(loads, 0.05);
+  }
   Result out;
   for (std::uint64_t micro = 0; micro < 2; ++micro) {
     const auto tokens = draw(2 * micro, static_cast<std::int32_t>(m.vocab_size));
@@ -66,7 +100,9 @@ Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage
   const std::size_t n = net.params().buffer_elements();
   out.grads.assign(net.params().grads_data(), net.params().grads_data() + n);
   const auto tokens = draw(7, static_cast<std::int32_t>(m.vocab_size));
+  if (m.n_routed_experts > 0) out.aux_loss = net.last_aux_loss();
   out.eval_loss = net.forward(tokens.data(), tokens.data());
+  if (m.n_routed_experts > 0) out.moe_loads = net.moe_loads();
   return out;
 }
 
@@ -91,6 +127,50 @@ TEST(Recompute, GradientsAndLossesAreBitIdenticalToKeepingEverything) {
       }
     }
   }
+}
+
+TEST(Recompute, LatentAttentionAndMoeAreBitIdenticalAndCountLoadsOnce) {
+  const auto m = mla_moe_model();
+  for (const DType storage : {DType::f32, DType::bf16}) {
+    const Result none = train_two_micro_batches(m, storage, Recompute::none);
+    // Three forwards (two micro-batches, one evaluation) of kB*kT tokens, top-2, per block.
+    double routed = 0.0;
+    for (const double l : none.moe_loads)
+      routed += l;
+    ASSERT_EQ(none.moe_loads.size(), static_cast<std::size_t>((m.n_layers - 1) * 8));
+    EXPECT_EQ(routed, static_cast<double>((m.n_layers - 1) * 3 * kB * kT * 2));
+    EXPECT_GT(none.aux_loss, 0.0);
+    for (const Recompute r : {Recompute::selective, Recompute::full}) {
+      SCOPED_TRACE(std::string(dst::dtype_name(storage)) + ", " + dst::to_string(r));
+      const Result other = train_two_micro_batches(m, storage, r);
+      ASSERT_EQ(other.losses.size(), none.losses.size());
+      for (std::size_t i = 0; i < none.losses.size(); ++i)
+        EXPECT_EQ(std::memcmp(&other.losses[i], &none.losses[i], sizeof(double)), 0);
+      EXPECT_EQ(std::memcmp(&other.eval_loss, &none.eval_loss, sizeof(double)), 0);
+      ASSERT_EQ(other.grads.size(), none.grads.size());
+      EXPECT_EQ(
+          std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)), 0);
+      EXPECT_EQ(other.ready, none.ready);
+      EXPECT_EQ(other.moe_loads, none.moe_loads);  // counted once per forward
+      EXPECT_EQ(std::memcmp(&other.aux_loss, &none.aux_loss, sizeof(double)), 0);
+    }
+  }
+}
+
+TEST(Recompute, LatentAttentionAndMoeKeepLess) {
+  const auto m = mla_moe_model();
+  const auto mem = [&](Recompute r) {
+    return DenseModel(m, kB, kT, Arena::Mode::plan, {}, DType::f32, true, nullptr, nullptr, r)
+        .memory();
+  };
+  const auto none = mem(Recompute::none), selective = mem(Recompute::selective),
+             full = mem(Recompute::full);
+  const std::uint64_t probs = static_cast<std::uint64_t>(kB * m.n_heads * kT * kT) * sizeof(float);
+  EXPECT_EQ(none.activations - selective.activations,
+            static_cast<std::uint64_t>(m.n_layers) * probs);
+  EXPECT_EQ(selective.recompute, probs);
+  EXPECT_LT(full.activations + full.recompute, selective.activations + selective.recompute);
+  EXPECT_EQ(none.workspace, full.workspace);
 }
 
 TEST(Recompute, KeepsLessActivationMemory) {

@@ -1,0 +1,119 @@
+#pragma once
+/// \file moe.hpp
+/// The DeepSeekMoE feed-forward layer (DeepSeek-V2/V3), as transformers' DeepseekV3MoE:
+///   out = shared(x) + sum_k w_k expert_{i_k}(x)
+/// with n_shared_experts shared experts as one SwiGLU of width n_shared x
+/// moe_intermediate_size (an Mlp), n_routed_experts routed SwiGLU experts of width
+/// moe_intermediate_size, and the router of moe_router.hpp choosing the top-k experts
+/// i_k and their weights w_k per token. Dropless: every token reaches its k experts.
+/// The routed products are grouped: the N*K (token, slot) rows are sorted by expert
+/// (sort_by_expert) and each expert runs one product over its rows.
+///
+/// The router, the token sort, and the gather and combine of rows run on the host
+/// (host memory only: a CUDA context is refused; CUDA kernels for MoE are future work).
+/// The router's weight is read in fp32 (the master weights), as transformers computes it.
+/// Balancing: the router's correction bias (sigmoid scoring) is a parameter of the
+/// layout (in checkpoints) without gradients, moved by update_bias(); each forward adds its
+/// tokens' expert choices to the layer's load counts (MoeActs::routing->load).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "model/layers/layer.hpp"
+#include "model/layers/mlp.hpp"
+#include "model/layers/moe_router.hpp"
+#include "tensor/arena.hpp"
+
+namespace dst::model {
+
+/// The host-side routing of the last forward, and the loads counted since the last
+/// balancing update.
+struct MoeRouting {
+  std::vector<float> scores;      // (N, E) router scores s
+  std::vector<std::int32_t> idx;  // (N, K) chosen experts
+  std::vector<float> weights;     // (N, K) their weights
+  std::vector<float> d_weights;   // (N, K) backward: d(loss)/d(weights)
+  std::vector<float> d_scores;    // (N, E) backward: the balance loss's score gradient
+  ExpertRows rows;                // the grouped products' rows
+  std::vector<double> load;       // (E) tokens routed to each expert since the last reset
+  double aux_loss = 0.0;          // the last forward's balance loss (summed over sequences)
+};
+
+/// What the MoE layer keeps from forward for backward (with its input).
+struct MoeActs {
+  MlpActs shared;                       // (N, S*I) x3: the shared experts (no buffers when S = 0)
+  tensor::Tensor logits;                // (N, E) router logits; backward: their gradient
+  tensor::Tensor xs;                    // (N*K, C) the input rows, sorted by expert
+  tensor::Tensor h1, h3, g;             // (N*K, I) the routed experts' SwiGLU
+  tensor::Tensor y;                     // (N*K, C) the routed experts' outputs
+  std::shared_ptr<MoeRouting> routing;  // host state; nullptr in a planning layout
+};
+
+/// Backward scratch, shared by every MoE layer of the model.
+struct MoeScratch {
+  MlpScratch shared;    // (N, S*I)
+  tensor::Tensor d_g;   // (N*K, I)
+  tensor::Tensor d_y;   // (N*K, C) gradient of the expert outputs
+  tensor::Tensor d_xs;  // (N*K, C) gradient of the sorted input rows
+};
+
+class Moe {
+ public:
+  /// `prefix`: the parameter names' ("model.layers.1.mlp."). `out_std`: the experts'
+  /// down_proj initial standard deviation.
+  Moe(std::string prefix, const config::ModelSection& m, float out_std);
+
+  /// experts.<e>.{gate,up,down}_proj for each routed expert (the published checkpoints'
+  /// names; transformers fuses them into experts.gate_up_proj / down_proj when loading),
+  /// gate.weight (E, C), gate.e_score_correction_bias (E, zeros, sigmoid scoring only),
+  /// shared_experts.{gate,up,down}_proj (when n_shared_experts > 0).
+  void declare(std::vector<ParamSpec>& specs) const;
+  void bind(const ParamStore& params);
+
+  /// `allocate`: whether the record's host routing state is made (not in a planning pass).
+  MoeActs take(tensor::Arena& arena, std::int64_t rows, bool allocate) const;
+  /// The host routing state of a record of `rows` tokens (loads zero).
+  std::shared_ptr<MoeRouting> make_routing(std::int64_t rows) const;
+  /// The bytes of make_routing(rows) with its expert rows sorted: host memory outside
+  /// the arenas (the plan counts it with the activations).
+  std::uint64_t routing_bytes(std::int64_t rows) const;
+  MoeScratch take_scratch(tensor::Arena& arena, std::int64_t rows) const;
+
+  /// out (N, C) = the layer of x (N, C), B sequences of T tokens (the balance loss is per
+  /// sequence); keeps a, adds the choices to a.routing->load (unless `count` is false: a
+  /// recomputed forward, whose choices were counted) and sets the balance loss in
+  /// a.routing->aux_loss.
+  void forward(const Compute& c, std::int64_t B, std::int64_t T, const tensor::Tensor& x,
+               const MoeActs& a, const tensor::Tensor& out, bool count = true) const;
+  /// dx (N, C) = d(loss)/dx (written) from dout (N, C), rounded in place to the storage
+  /// type; accumulates the weights' gradients (the balance loss's, scaled by
+  /// c.aux_grad_scale, included).
+  void backward(const Compute& c, std::int64_t B, std::int64_t T, const tensor::Tensor& dout,
+                const tensor::Tensor& x, const MoeActs& a, const MoeScratch& s,
+                const tensor::Tensor& dx) const;
+
+  /// Auxiliary-loss-free balancing (DeepSeek-V3 report, 2.1.2): b_e -= rate *
+  /// sign(load_e - mean load) for the layer's correction bias in `params` (master weights),
+  /// from `load` (E) counted over the whole batch. Nothing without a bias (softmax).
+  void update_bias(const ParamStore& params, const std::vector<double>& load, double rate) const;
+  std::int64_t experts() const { return E_; }
+  bool has_bias() const { return shape_.score == config::MoeScore::sigmoid; }
+  /// The correction bias's parameter index (has_bias() only).
+  std::size_t bias_index() const { return bias_; }
+
+ private:
+  std::string prefix_;
+  std::int64_t C_, E_, K_, I_, S_;
+  RouterShape shape_;
+  double aux_alpha_;
+  float out_std_;
+  Mlp shared_;
+  std::vector<std::size_t> w1_, w3_, w2_;  // (E) the routed experts' parameters
+  std::size_t gate_ = 0, bias_ = 0;
+};
+
+}  // namespace dst::model
