@@ -123,10 +123,11 @@ const std::vector<HostRates>& rate_table() {
        "nodes",
        67000.0, 989000.0, 8, 450.0, 50.0, 79.6},
       {"h200",
-       "data sheet: H200 SXM 141 GB (140.4 GiB usable), dense FP32 67 / BF16 989 TFLOP/s; "
-       "NVLink 4 450 GB/s per direction within 8 GPUs; 400 Gb/s InfiniBand per GPU across "
-       "nodes",
-       67000.0, 989000.0, 8, 450.0, 50.0, 140.4},
+       "measured on one H200 SXM (2026-12-04, docs/gpu.md): cuBLASLt 8192^3 fp32 51 / bf16 "
+       "791 TFLOP/s (gpu_gemm_rate, median of three runs' medians), 139.3 GiB free for the "
+       "run; data sheet: NVLink 4 450 GB/s per direction within 8 GPUs, 400 Gb/s "
+       "InfiniBand per GPU across nodes",
+       51000.0, 791000.0, 8, 450.0, 50.0, 139.3},
   };
   return table;
 }
