@@ -271,6 +271,7 @@ TEST(AdamWOptimizer, ShardedMomentsGiveTheWholeStepsBits) {
     ASSERT_EQ(std::memcmp(whole.params_data(), sharded.params_data(), bytes), 0) << "step " << t;
     for (std::size_t k = 0; k < shards.size(); ++k) {
       const AdamWState s = shards[k]->state();
+      if (s.elements == 0) continue;  // an empty shard has no buffers (memcmp of null: UB)
       ASSERT_EQ(std::memcmp(adamw_whole.state().m + s.first, s.m, s.elements * sizeof(float)), 0);
       ASSERT_EQ(std::memcmp(adamw_whole.state().v + s.first, s.v, s.elements * sizeof(float)), 0);
     }
@@ -321,6 +322,7 @@ TEST(AdamWOptimizer, MasterShardsGiveTheWholeStepsBits) {
       a->step(ctx(), compute, 1e-2, 0.5);
     for (const auto& a : shards) {
       const AdamWState s = a->state();
+      if (s.elements == 0) continue;  // an empty shard has no buffers (memcmp of null: UB)
       ASSERT_EQ(std::memcmp(whole.params_data() + s.first, s.master, s.elements * sizeof(float)), 0)
           << "step " << t << ", shard from " << s.first;
       ASSERT_EQ(std::memcmp(adamw_whole.state().m + s.first, s.m, s.elements * sizeof(float)), 0);
