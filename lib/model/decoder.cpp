@@ -42,7 +42,20 @@ struct Decoder::Impl {
   Tensor scores;            // (S, S) one head's scores, then probabilities
   Tensor logits;            // (S, V)
   Tensor k_cache, v_cache;  // (L*S, KV*D): layer l's rows start at l*S
-  Rope rope;                // (S, D/2) RoPE tables of positions 0..S-1
+  Rope rope;                // (S, rope dim / 2) RoPE tables of positions 0..S-1
+
+  // Latent attention (model.kv_lora_rank > 0): Q = H*(nope+rope) query columns, A = H*v
+  // output columns; the cache holds R = kv_lora latent and P = rope key values per token.
+  bool mla = false;
+  std::int64_t Q = 0, A = 0, R = 0, P = 0, QL = 0;  // QL: q_lora_rank (0: no query latent)
+  Tensor q_a, q_n;                                  // (S, QL) the query latent, normalised
+  Tensor c_kv;                                      // (S, R) latents before their norm
+  Tensor latent_cache, k_pe_cache;  // (L*S, R), (L*S, P): layer l's rows start at l*S
+  Tensor q_lat, o_lat;              // (S, R) one head's absorbed query, weighted latents
+  // DeepSeekMoE blocks: one record of S rows, shared by every MoE block (nothing is kept
+  // for a backward); its routing's expert loads are counted but never read.
+  const Moe* moe = nullptr;
+  MoeActs moe_acts;
 
   explicit Impl(const config::ModelSection& m) : net(m) {}
 
@@ -52,17 +65,32 @@ struct Decoder::Impl {
     x = arena.take("x", {S, C}, f32);
     ln = arena.take("ln", {S, C}, f32);
     rstd = arena.take("rstd", {S}, f32);
-    q = arena.take("q", {S, H * D}, f32);
-    attn = arena.take("attn", {S, H * D}, f32);
+    q = arena.take("q", {S, mla ? Q : H * D}, f32);
+    attn = arena.take("attn", {S, mla ? A : H * D}, f32);
     mid = arena.take("mid", {S, C}, f32);
-    h1 = arena.take("h1", {S, F}, f32);
-    h3 = arena.take("h3", {S, F}, f32);
-    g = arena.take("g", {S, F}, f32);
+    if (F > 0) {  // some block has the dense MLP
+      h1 = arena.take("h1", {S, F}, f32);
+      h3 = arena.take("h3", {S, F}, f32);
+      g = arena.take("g", {S, F}, f32);
+    }
     scores = arena.take("scores", {S, S}, f32);
     logits = arena.take("logits", {S, V}, f32);
-    k_cache = arena.take("k_cache", {L * S, KV * D}, f32);
-    v_cache = arena.take("v_cache", {L * S, KV * D}, f32);
-    rope = Rope::take(arena, S, D);
+    if (mla) {
+      c_kv = arena.take("c_kv", {S, R}, f32);
+      if (QL > 0) {
+        q_a = arena.take("q_a", {S, QL}, f32);
+        q_n = arena.take("q_n", {S, QL}, f32);
+      }
+      latent_cache = arena.take("latent_cache", {L * S, R}, f32);
+      k_pe_cache = arena.take("k_pe_cache", {L * S, P}, f32);
+      q_lat = arena.take("q_lat", {S, R}, f32);
+      o_lat = arena.take("o_lat", {S, R}, f32);
+    } else {
+      k_cache = arena.take("k_cache", {L * S, KV * D}, f32);
+      v_cache = arena.take("v_cache", {L * S, KV * D}, f32);
+    }
+    if (moe) moe_acts = moe->take(arena, S, !arena.planning());
+    rope = Rope::take(arena, S, net.block(0).head_dim());
   }
 
   /// The record of a block over `n` rows: views of the scratch rows, which every block
@@ -71,18 +99,51 @@ struct Decoder::Impl {
     BlockActs a;
     a.x = rows(x, n);
     a.norm1 = RmsNormActs{rows(ln, n), rows(rstd, n)};
-    a.attn.q = rows(q, n);
-    a.attn.probs = scores;
-    a.attn.attn = rows(attn, n);
+    if (mla) {
+      a.mla.q = rows(q, n);
+      a.mla.c_kv = rows(c_kv, n);
+      if (QL > 0) {
+        a.mla.q_a = rows(q_a, n);
+        a.mla.q_norm = RmsNormActs{rows(q_n, n), rows(rstd, n)};  // rstd: no backward reads it
+      }
+      a.mla.kv_norm = RmsNormActs{Tensor{}, rows(rstd, n)};  // out: the cache's rows
+      a.mla.attn = rows(attn, n);
+    } else {
+      a.attn.q = rows(q, n);
+      a.attn.probs = scores;
+      a.attn.attn = rows(attn, n);
+    }
     a.mid = rows(mid, n);
     a.norm2 = a.norm1;
-    a.mlp = MlpActs{rows(h1, n), rows(h3, n), rows(g, n)};
+    if (F > 0) a.mlp = MlpActs{rows(h1, n), rows(h3, n), rows(g, n)};
+    if (moe) {
+      const std::int64_t k = moe_acts.xs.shape[0] / S;  // slots per token
+      a.moe = moe_acts;
+      if (moe_acts.shared.h1.data)
+        a.moe.shared = MlpActs{rows(moe_acts.shared.h1, n), rows(moe_acts.shared.h3, n),
+                               rows(moe_acts.shared.g, n)};
+      a.moe.logits = rows(moe_acts.logits, n);
+      a.moe.xs = rows(moe_acts.xs, n * k);
+      a.moe.h1 = rows(moe_acts.h1, n * k);
+      a.moe.h3 = rows(moe_acts.h3, n * k);
+      a.moe.g = rows(moe_acts.g, n * k);
+      a.moe.y = rows(moe_acts.y, n * k);
+    }
     return a;
   }
 
   /// Layer l's cache, holding positions [0, p0).
   KVCache cache(std::int64_t l, std::int64_t p0) const {
     return KVCache{row_range(k_cache, l * S, S), row_range(v_cache, l * S, S), p0};
+  }
+  /// Layer l's latent cache (latent attention), holding positions [0, p0).
+  LatentKVCache latent(std::int64_t l, std::int64_t p0) const {
+    return LatentKVCache{row_range(latent_cache, l * S, S),
+                         row_range(k_pe_cache, l * S, S),
+                         q_lat,
+                         o_lat,
+                         scores,
+                         p0};
   }
 };
 
@@ -92,16 +153,8 @@ Decoder::Decoder(const config::ModelSection& m, const ParamStore& params, std::i
   if (max_len < 1 || max_len > m.max_seq_len)
     throw Error("decoder: max_len " + std::to_string(max_len) + " must be in [1, max_seq_len " +
                 std::to_string(m.max_seq_len) + "]");
-  // Generation for DeepSeek-V2/V3 models needs a KV cache of the compressed latent (c_kv,
-  // k_pe) and MoE routing per decoded token: not written yet (issue 32).
-  if (m.mla() || m.n_routed_experts > 0)
-    throw Error(
-        "decoder: generation is not implemented for multi-head latent attention "
-        "(model.kv_lora_rank " +
-        std::to_string(m.kv_lora_rank) + ") or DeepSeekMoE (model.n_routed_experts " +
-        std::to_string(m.n_routed_experts) + ") models yet");
-  if (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0 ||
-      (m.d_model / m.n_heads) % 2 != 0)
+  if (!m.mla() && (m.d_model % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0 ||
+                   (m.d_model / m.n_heads) % 2 != 0))
     throw Error(
         "decoder: d_model must split into n_heads even head dims and n_kv_heads must divide "
         "n_heads");
@@ -118,9 +171,25 @@ Decoder::Decoder(const config::ModelSection& m, const ParamStore& params, std::i
   s.H = m.n_heads;
   s.KV = m.n_kv_heads;
   s.D = m.d_model / m.n_heads;
-  s.F = m.ffn_dim;
   s.V = m.vocab_size;
   s.L = m.n_layers;
+  // The dense MLP's width when some block has it; an MoE block's record is its own.
+  bool dense_mlp = false;
+  for (std::int64_t l = 0; l < s.L; ++l) {
+    if (const Moe* moe = s.net.block(l).moe())
+      s.moe = moe;
+    else
+      dense_mlp = true;
+  }
+  s.F = dense_mlp ? m.ffn_dim : 0;
+  s.mla = m.mla();
+  if (s.mla) {
+    s.Q = m.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
+    s.A = m.n_heads * m.v_head_dim;
+    s.R = m.kv_lora_rank;
+    s.P = m.qk_rope_head_dim;
+    s.QL = m.q_lora_rank;
+  }
   // The store must be laid out for this config: same names, same shapes.
   const std::vector<ParamSpec> want = s.net.parameter_layout();
   if (want.size() != params.size())
@@ -140,6 +209,17 @@ Decoder::Decoder(const config::ModelSection& m, const ParamStore& params, std::i
 }
 
 Decoder::~Decoder() = default;
+
+std::int64_t Decoder::cache_values() const {
+  const Impl& s = *impl_;
+  const std::int64_t n =
+      s.mla ? s.latent_cache.numel() + s.k_pe_cache.numel() : s.k_cache.numel() + s.v_cache.numel();
+  return n / (s.L * s.S);
+}
+
+std::int64_t Decoder::cache_values_per_token(const config::ModelSection& m) {
+  return m.mla() ? m.kv_lora_rank + m.qk_rope_head_dim : 2 * m.n_kv_heads * (m.d_model / m.n_heads);
+}
 
 void Decoder::reset() {
   impl_->pos = 0;
@@ -165,8 +245,13 @@ tensor::Tensor Decoder::append(const std::int32_t* tokens, std::int64_t n, bool 
   s.net.embedding().forward(s.c, rows(s.tokens, n), rows(s.x, n));
   const BlockActs a = s.block_rows(n);
   for (std::int64_t l = 0; l < s.L; ++l) {
-    const KVCache cache = s.cache(l, p0);
-    s.net.block(l).forward(s.c, s.rope, 1, n, a, a.x, &cache);
+    if (s.mla) {
+      const LatentKVCache cache = s.latent(l, p0);
+      s.net.block(l).forward(s.c, s.rope, 1, n, a, a.x, nullptr, &cache);
+    } else {
+      const KVCache cache = s.cache(l, p0);
+      s.net.block(l).forward(s.c, s.rope, 1, n, a, a.x, &cache);
+    }
   }
   s.pos += n;
   // Only the rows whose logits are wanted go through the final norm and the head.

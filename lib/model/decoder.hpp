@@ -1,8 +1,10 @@
 #pragma once
 /// \file decoder.hpp
-/// Inference for the dense decoder of dense_model.hpp, one sequence at a time, with a
-/// key/value cache: the prompt is run once (prefill), then each new token costs one row
-/// of every layer instead of the whole sequence again.
+/// Inference for the decoder of dense_model.hpp, one sequence at a time, with a key/value
+/// cache: the prompt is run once (prefill), then each new token costs one row of every
+/// layer instead of the whole sequence again. DeepSeek-V2/V3 models cache the compressed
+/// latent of latent attention (LatentKVCache, absorbed products) and route each decoded
+/// token through their DeepSeekMoE blocks as training does.
 ///
 /// It runs the training model's layers (model/transformer.hpp: the same embedding, block
 /// and head code, the same kernels, matrix products and RoPE tables), so the logits at
@@ -34,13 +36,20 @@ class Decoder {
  public:
   /// A decoder of sequences up to `max_len` tokens (<= m.max_seq_len) over `params`,
   /// which must have dense_parameter_layout(m) and outlive the decoder (it is read, never
-  /// written). Allocates the cache (2 x L x max_len x n_kv_heads x head_dim floats) and
+  /// written). Allocates the cache (L x max_len x cache_values_per_token(m) floats) and
   /// the scratch for a prefill of max_len tokens once.
   Decoder(const config::ModelSection& m, const ParamStore& params, std::int64_t max_len,
           tensor::ExecContext ctx = {});
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
+
+  /// The floats one layer's cache holds per token: 2 x n_kv_heads x head_dim (keys and
+  /// values), or with latent attention kv_lora_rank + qk_rope_head_dim (the normalised
+  /// latent and the RoPE key: 512 + 64 = 576 for DeepSeek-V3).
+  static std::int64_t cache_values_per_token(const config::ModelSection& m);
+  /// The floats this decoder's cache holds per token and layer (its buffers' sizes).
+  std::int64_t cache_values() const;
 
   /// Empties the cache: the next append() starts at position 0.
   void reset();

@@ -50,32 +50,6 @@ struct Groups {
   }
 };
 
-/// probs[i, j] = softmax_j<=p0+i (scale * scores[i, j]), 0 beyond, for the n rows of
-/// `scores` (n, len) in place: the causal mask of rows that start at position p0. The same
-/// arithmetic as the Kokkos causal softmax (float exponentials of the max-shifted scaled
-/// scores, double sum, one reciprocal); kernels::causal_softmax_forward handles square
-/// (T, T) blocks that start at position 0 only. A host loop: decoding runs on the host.
-void offset_causal_softmax(float* scores, std::int64_t n, std::int64_t p0, std::int64_t len,
-                           float scale) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    float* r = scores + i * len;
-    const std::int64_t live = p0 + i + 1;
-    float m = scale * r[0];
-    for (std::int64_t j = 1; j < live; ++j)
-      m = std::max(m, scale * r[j]);
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < live; ++j) {
-      r[j] = std::exp(scale * r[j] - m);
-      sum += static_cast<double>(r[j]);
-    }
-    const float inv = static_cast<float>(1.0 / sum);  // sum >= 1: the max's own term
-    for (std::int64_t j = 0; j < live; ++j)
-      r[j] *= inv;
-    for (std::int64_t j = live; j < len; ++j)
-      r[j] = 0.0f;
-  }
-}
-
 /// a.probs of the group's sequences [b0, b0 + seqs) and heads [h0, h0 + heads) from a.q
 /// and a.k: the scores, their causal softmax, rounded to the storage type. The forward and
 /// the selective recompute both call it, so both write the same bits.
@@ -103,6 +77,27 @@ void causal_probabilities(const Compute& c, const Groups& groups, const Attentio
   c.store(probs);  // softmax in fp32; the probabilities are stored for P x V
 }
 }  // namespace
+
+void offset_causal_softmax(float* scores, std::int64_t n, std::int64_t p0, std::int64_t len,
+                           float scale) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    float* r = scores + i * len;
+    const std::int64_t live = p0 + i + 1;
+    float m = scale * r[0];
+    for (std::int64_t j = 1; j < live; ++j)
+      m = std::max(m, scale * r[j]);
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < live; ++j) {
+      r[j] = std::exp(scale * r[j] - m);
+      sum += static_cast<double>(r[j]);
+    }
+    const float inv = static_cast<float>(1.0 / sum);  // sum >= 1: the max's own term
+    for (std::int64_t j = 0; j < live; ++j)
+      r[j] *= inv;
+    for (std::int64_t j = live; j < len; ++j)
+      r[j] = 0.0f;
+  }
+}
 
 // --- RoPE tables -------------------------------------------------------------------------
 

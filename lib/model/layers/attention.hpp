@@ -59,6 +59,14 @@ struct KVCache {
   std::int64_t position = 0;
 };
 
+/// probs[i, j] = softmax_j<=p0+i (scale * scores[i, j]), 0 beyond, for the n rows of
+/// `scores` (n, len) in place: the causal mask of rows that start at position p0. The same
+/// arithmetic as the Kokkos causal softmax (float exponentials of the max-shifted scaled
+/// scores, double sum, one reciprocal); kernels::causal_softmax_forward handles square
+/// (T, T) blocks that start at position 0 only. A host loop: decoding runs on the host.
+void offset_causal_softmax(float* scores, std::int64_t n, std::int64_t p0, std::int64_t len,
+                           float scale);
+
 class Attention {
  public:
   /// `prefix`: the parameter names' ("model.layers.0.self_attn."); `dim` = heads x head

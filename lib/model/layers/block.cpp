@@ -130,23 +130,25 @@ BlockScratch Block::take_scratch(tensor::Arena& arena, std::int64_t B, std::int6
 }
 
 void Block::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
-                    const BlockActs& a, const tensor::Tensor& out, const KVCache* cache) const {
-  run_forward(c, rope, B, T, a, out, cache, false);
+                    const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
+                    const LatentKVCache* latent_cache) const {
+  run_forward(c, rope, B, T, a, out, cache, latent_cache, false);
 }
 
 void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                         const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
-                        bool recomputing) const {
+                        const LatentKVCache* latent_cache, bool recomputing) const {
   // store(): each activation as a 16-bit back end would keep it (identity for f32).
   // Norm statistics (rstd), softmax and the loss reduce in fp32 and are not rounded.
   norm1_.forward(c, a.x, a.norm1);
-  if (mla_) {
-    if (cache)
-      throw Error("model: decoding with a KV cache is not implemented for latent attention");
-    mla_->forward(c, rope, B, T, a.norm1.out, a.mla, a.mid);
-  } else {
+  if (mla_ ? cache != nullptr : latent_cache != nullptr)
+    throw Error(std::string("model: decoding a block of ") +
+                (mla_ ? "latent attention needs a latent KV cache, not a key/value one"
+                      : "standard attention needs a key/value cache, not a latent one"));
+  if (mla_)
+    mla_->forward(c, rope, B, T, a.norm1.out, a.mla, a.mid, latent_cache);
+  else
     attn_.forward(c, rope, B, T, a.norm1.out, a.attn, a.mid, cache);
-  }
   kernels::add(c.ctx, a.mid, a.x, a.mid);
   c.store(a.mid);  // the residual stream
   norm2_.forward(c, a.mid, a.norm2);
@@ -164,7 +166,7 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
   // Recompute what the forward did not keep: the same operations on the same inputs and
   // weights, so the same bits as a record that kept them.
   if (a.recompute == config::Recompute::full)
-    run_forward(c, rope, B, T, a, s.d_ln, nullptr, true);
+    run_forward(c, rope, B, T, a, s.d_ln, nullptr, nullptr, true);
   else if (a.recompute == config::Recompute::selective && mla_)
     mla_->recompute_probs(c, B, T, a.mla);
   else if (a.recompute == config::Recompute::selective)

@@ -79,9 +79,14 @@ class Block {
   const Moe* moe() const { return moe_ ? &*moe_ : nullptr; }
 
   /// out (N, C) = the block of a.x (N, C), B sequences of T tokens; keeps a. `out` may be
-  /// a.x (decoding overwrites its rows in place). `cache`: see Attention::forward.
+  /// a.x (decoding overwrites its rows in place). Decoding passes the cache of the block's
+  /// attention kind: `cache` (Attention::forward) or `latent_cache`
+  /// (LatentAttention::forward).
   void forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
-               const BlockActs& a, const tensor::Tensor& out, const KVCache* cache = nullptr) const;
+               const BlockActs& a, const tensor::Tensor& out, const KVCache* cache = nullptr,
+               const LatentKVCache* latent_cache = nullptr) const;
+  /// Whether the block's attention is latent attention (decoding needs a LatentKVCache).
+  bool latent() const { return mla_.has_value(); }
   /// d_x (N, C) holds d(loss)/d(out) on entry, d(loss)/d(a.x) on return; accumulates the
   /// weights' gradients. First recomputes what a.recompute did not keep: full: the
   /// block's forward from a.x (its output goes to s.d_ln, unused until the MLP's backward
@@ -103,7 +108,7 @@ class Block {
   /// must not count the MoE layer's expert choices a second time.
   void run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
                    const BlockActs& a, const tensor::Tensor& out, const KVCache* cache,
-                   bool recomputing) const;
+                   const LatentKVCache* latent_cache, bool recomputing) const;
 
   RmsNorm norm1_;
   Attention attn_;                      // unused with latent attention

@@ -114,8 +114,8 @@ LatentAttentionScratch LatentAttention::take_scratch(tensor::Arena& arena, std::
 }
 
 void LatentAttention::forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
-                              const Tensor& x, const LatentAttentionActs& a,
-                              const Tensor& out) const {
+                              const Tensor& x, const LatentAttentionActs& a, const Tensor& out,
+                              const LatentKVCache* cache) const {
   const std::int64_t qk = nope_ + rope_;
   if (q_lora_ > 0) {
     blas::linear_forward(c.ctx, x, c.weight(q_a_), a.q_a);
@@ -127,19 +127,28 @@ void LatentAttention::forward(const Compute& c, const Rope& rope, std::int64_t B
   }
   // kv_a_proj_with_mqa as two products: its first kv_lora rows give the latent, the last
   // rope rows the shared key (the same sums as one product, written where each is used).
+  // Decoding writes this call's latents and RoPE keys straight into the cache's rows.
+  const std::int64_t p0 = cache ? cache->position : 0;
+  const Tensor k_pe = cache ? row_range(cache->k_pe, p0, T) : a.k_pe;
+  const RmsNormActs kv_norm =
+      cache ? RmsNormActs{row_range(cache->latent, p0, T), a.kv_norm.rstd} : a.kv_norm;
   const Tensor w_kv_a = c.weight(kv_a_);
   blas::linear_forward(c.ctx, x, row_range(w_kv_a, 0, kv_lora_), a.c_kv);
-  blas::linear_forward(c.ctx, x, row_range(w_kv_a, kv_lora_, rope_), a.k_pe);
+  blas::linear_forward(c.ctx, x, row_range(w_kv_a, kv_lora_, rope_), k_pe);
   c.store(a.c_kv);
-  kv_norm_.forward(c, a.c_kv, a.kv_norm);
-  blas::linear_forward(c.ctx, a.kv_norm.out, c.weight(kv_b_), a.kv);
-  const Rope r = rope.rows(0, T);
+  kv_norm_.forward(c, a.c_kv, kv_norm);
+  if (!cache) blas::linear_forward(c.ctx, kv_norm.out, c.weight(kv_b_), a.kv);
+  const Rope r = rope.rows(p0, T);
   kernels::rope_interleaved_forward(c.ctx, a.q.reshaped({B, T, H_, qk}), r.cos, r.sin);
-  kernels::rope_interleaved_forward(c.ctx, a.k_pe.reshaped({B, T, 1, rope_}), r.cos, r.sin);
+  kernels::rope_interleaved_forward(c.ctx, k_pe.reshaped({B, T, 1, rope_}), r.cos, r.sin);
   c.store(a.q);
-  c.store(a.k_pe);
-  c.store(a.kv);
-  core_forward(c, B, T, a, true);
+  c.store(k_pe);
+  if (cache) {
+    cached_core(c, T, a, *cache);
+  } else {
+    c.store(a.kv);
+    core_forward(c, B, T, a, true);
+  }
   c.store(a.attn);
   blas::linear_forward(c.ctx, a.attn, c.weight(o_), out);
 }
@@ -187,6 +196,37 @@ void LatentAttention::core_forward(const Compute& c, std::int64_t B, std::int64_
               kv + h * (dn + dv) + dn, KW, T * KW, false, out + r0 * AW + h * dv, AW, T * AW, seqs);
         }
     }
+  }
+}
+
+void LatentAttention::cached_core(const Compute& c, std::int64_t T, const LatentAttentionActs& a,
+                                  const LatentKVCache& cache) const {
+  const std::int64_t H = H_, dn = nope_, dr = rope_, dv = v_, R = kv_lora_;
+  const std::int64_t QW = H * (dn + dr), AW = H * dv;
+  const std::int64_t p0 = cache.position;
+  const std::int64_t len = p0 + T;                     // positions the new rows attend to
+  const float* latent = cache.latent.ptr<float>();     // (len, R)
+  const float* kpe = cache.k_pe.ptr<float>();          // (len, dr)
+  const float* w_kv_b = c.weight(kv_b_).ptr<float>();  // (H*(dn+dv), R): per head [W_UK; W_UV]
+  float* q_lat = cache.q_lat.ptr<float>();
+  float* o_lat = cache.o_lat.ptr<float>();
+  float* sc = cache.scores.ptr<float>();
+  for (std::int64_t h = 0; h < H; ++h) {
+    const float* q_h = a.q.ptr<float>() + h * (dn + dr);
+    const float* w_uk = w_kv_b + h * (dn + dv) * R;  // (dn, R)
+    const float* w_uv = w_uk + dn * R;               // (dv, R)
+    // scores (T, len) = (q_nope W_UK) latent^T + q_pe k_pe^T
+    if (dn > 0) {
+      blas::gemm(c.ctx, Trans::no, Trans::no, T, R, dn, 1.0f, q_h, QW, w_uk, R, 0.0f, q_lat, R);
+      blas::gemm(c.ctx, Trans::no, Trans::yes, T, len, R, 1.0f, q_lat, R, latent, R, 0.0f, sc, len);
+    }
+    blas::gemm(c.ctx, Trans::no, Trans::yes, T, len, dr, 1.0f, q_h + dn, QW, kpe, dr,
+               dn > 0 ? 1.0f : 0.0f, sc, len);
+    offset_causal_softmax(sc, T, p0, len, scale_);
+    // attn[:, h, :] (T, dv) = (probs latent) W_UV^T
+    blas::gemm(c.ctx, Trans::no, Trans::no, T, R, len, 1.0f, sc, len, latent, R, 0.0f, o_lat, R);
+    blas::gemm(c.ctx, Trans::no, Trans::yes, T, dv, R, 1.0f, o_lat, R, w_uv, R, 0.0f,
+               a.attn.ptr<float>() + h * dv, AW);
   }
 }
 

@@ -9,7 +9,14 @@
 /// RoPE rotates interleaved pairs of the rope columns (kernels::rope_interleaved_forward,
 /// which says how this matches transformers' rope_interleave). The scores are the sum of
 /// two products, so the per-head keys [k_nope | k_pe] are never assembled. The unfused
-/// attention core only (grouped as kernels::attention_grouping says); no KV-cache path yet.
+/// attention core only (grouped as kernels::attention_grouping says).
+///
+/// Decoding (LatentKVCache) caches what DeepSeek-V2 section 2.1.2 caches: per token the
+/// normalised latent (kv_lora) and the rotated RoPE key (rope), kv_lora + rope values per
+/// layer (576 for V3's shape) instead of 2 x H x head dims. The per-head keys and values
+/// are never expanded: kv_b_proj's key rows are absorbed into the query (q_nope W_UK, a
+/// kv_lora-wide query per head) and its value rows applied after the probabilities (the
+/// weighted sum of latents, then W_UV), the same products in another association.
 
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +42,17 @@ struct LatentAttentionActs {
   tensor::Tensor kv;     // (N, H*(nope+v)) per head [k_nope | v]
   tensor::Tensor probs;  // (B, H, T, T)
   tensor::Tensor attn;   // (N, H*v) the heads' output, before o_proj
+};
+
+/// Decoding's cache of one layer: the rows [0, position) hold earlier tokens; a forward of
+/// T tokens writes rows [position, position + T).
+struct LatentKVCache {
+  tensor::Tensor latent;  // (capacity, kv_lora) kv_a_layernorm(c_kv)
+  tensor::Tensor k_pe;    // (capacity, rope) the shared RoPE key, after RoPE
+  tensor::Tensor q_lat;   // (T, kv_lora) scratch: one head's absorbed query
+  tensor::Tensor o_lat;   // (T, kv_lora) scratch: one head's weighted sum of latents
+  tensor::Tensor scores;  // (T, capacity) scratch: one head's scores, then probabilities
+  std::int64_t position = 0;
 };
 
 /// Backward scratch, shared by every latent attention layer of the model.
@@ -75,10 +93,13 @@ class LatentAttention {
   LatentAttentionScratch take_scratch(tensor::Arena& arena, std::int64_t B, std::int64_t T) const;
 
   /// out (N, C) = o_proj(attention(x)) for x (N, C) of B sequences of T tokens at positions
-  /// 0 .. T-1 (`rope`: tables of rope_dim()); keeps a.
+  /// 0 .. T-1 (`rope`: tables of rope_dim()); keeps a. With `cache` (decoding, B = 1, on
+  /// the host): the T tokens are at positions cache->position .. + T - 1 and attend to the
+  /// cached ones too; their latents and RoPE keys go into the cache (a.kv_norm.out,
+  /// a.k_pe and a.probs, a.kv are not used).
   void forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
-               const tensor::Tensor& x, const LatentAttentionActs& a,
-               const tensor::Tensor& out) const;
+               const tensor::Tensor& x, const LatentAttentionActs& a, const tensor::Tensor& out,
+               const LatentKVCache* cache = nullptr) const;
   /// a.probs as forward computed them, from the kept a.q, a.kv and a.k_pe (the same
   /// operations, so the same bits): selective recompute's refill before backward.
   void recompute_probs(const Compute& c, std::int64_t B, std::int64_t T,
@@ -95,6 +116,9 @@ class LatentAttention {
                     bool heads_out) const;
   void core_backward(const Compute& c, std::int64_t B, std::int64_t T, const LatentAttentionActs& a,
                      const LatentAttentionScratch& s) const;
+  /// a.attn of T cached-path rows from a.q and the cache (absorbed products, see the file).
+  void cached_core(const Compute& c, std::int64_t T, const LatentAttentionActs& a,
+                   const LatentKVCache& cache) const;
 
   std::string prefix_;
   std::int64_t C_, H_, q_lora_, kv_lora_, nope_, rope_, v_;

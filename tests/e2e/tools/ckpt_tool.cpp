@@ -142,8 +142,6 @@ int logits(const std::vector<std::string>& args) {
   write_raw(prefix + ".model.f32", full);
   std::printf("logits: batch %lld x seq %lld x vocab %lld\n", static_cast<long long>(B),
               static_cast<long long>(T), static_cast<long long>(V));
-  // The decoder has no latent KV cache or MoE routing yet (it refuses those models).
-  if (m.mla() || m.n_routed_experts > 0) return 0;
   std::vector<float> dec_logits(full.size());
   dst::model::Decoder dec(m, ps, T);
   const std::int64_t prompt = T / 2;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checkpoint tools end to end (docs/tools.md), on a checkpoint ckpt_tool saves.
 #   tools_runs.sh MODE DSTRAIN CKPT_TOOL WORK_DIR [SOURCE_DIR]
-# MODE: inspect | damaged | generate (checkpoints from ckpt_tool) | trained (a checkpoint
-# from a 3-step `dstrain train` on the demo corpus; needs SOURCE_DIR)
+# MODE: inspect | damaged | generate | generate-moe (checkpoints from ckpt_tool; the last a
+# DeepSeek-V3-shaped model: latent attention with a query latent, DeepSeekMoE) | trained
+# (a checkpoint from a 3-step `dstrain train` on the demo corpus; needs SOURCE_DIR)
 set -euo pipefail
 mode=$1 dstrain=$2 tool=$3 work=$4 src=${5:-}
 rm -rf "$work"
@@ -11,6 +12,15 @@ if [[ $mode != trained ]]; then
   # A small byte-level model (vocab 260), weights scaled so greedy decoding is not flat.
   model=(--set model.d_model=64 --set model.n_layers=2 --set model.n_heads=4 --set model.n_kv_heads=2
          --set model.ffn_dim=96 --set model.max_seq_len=48)
+  if [[ $mode == generate-moe ]]; then
+    model+=(--set model.n_layers=3 --set model.n_kv_heads=4 --set model.q_lora_rank=24
+            --set model.kv_lora_rank=16 --set model.qk_nope_head_dim=12
+            --set model.qk_rope_head_dim=8 --set model.v_head_dim=10
+            --set model.n_routed_experts=8 --set model.n_shared_experts=1
+            --set model.num_experts_per_tok=2 --set model.moe_intermediate_size=32
+            --set model.first_k_dense_replace=1)
+    mode=generate
+  fi
   ckpt=$("$tool" make "$work/ckpt" --scale 10 "${model[@]}")
   test -f "$ckpt"
 fi

@@ -5,8 +5,10 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "config/deck.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "model/decoder.hpp"
@@ -91,6 +93,7 @@ TEST_P(DecoderParity, CachedLogitsEqualFullSequenceForwardAtEveryPosition) {
   const float* ref = model.logits().ptr<float>();  // (T, V)
 
   Decoder dec(m, model.params(), m.max_seq_len);
+  EXPECT_EQ(dec.cache_values(), Decoder::cache_values_per_token(m));
   // The whole sequence at once (prefill), all positions.
   auto all = dec.append(tok.data(), T, true);
   ASSERT_EQ(all.shape[0], T);
@@ -119,6 +122,83 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecoderParity,
                          ::testing::Values(std::make_pair(false, false),
                                            std::make_pair(true, false),
                                            std::make_pair(true, true)));
+
+/// DeepSeek-V2/V3 shapes: latent attention (with and without a query latent, with and
+/// without q_nope columns), and DeepSeekMoE blocks after a dense one.
+dst::config::ModelSection latent(std::int64_t q_lora, std::int64_t nope, bool moe) {
+  auto m = tiny(false, false);
+  m.n_layers = 3;
+  m.kv_lora_rank = 12;
+  m.q_lora_rank = q_lora;
+  m.qk_nope_head_dim = nope;
+  m.qk_rope_head_dim = 6;
+  m.v_head_dim = 5;
+  if (moe) {
+    m.n_routed_experts = 6;
+    m.n_shared_experts = 1;
+    m.num_experts_per_tok = 2;
+    m.moe_intermediate_size = 10;
+    m.first_k_dense_replace = 1;
+    m.n_group = 1;
+    m.topk_group = 1;
+  }
+  return m;
+}
+
+struct LatentCase {
+  std::int64_t q_lora, nope;
+  bool moe;
+};
+
+class LatentDecoderParity : public ::testing::TestWithParam<LatentCase> {};
+
+// The latent cache's absorbed products ((q_nope W_UK) c^T and (p c) W_UV^T) against the
+// training forward's expanded keys and values (q_nope (c W_UK^T)^T, p (c W_UV^T)): the same
+// sums in another association, each over at most kv_lora x 16 terms, within the same 1e-5.
+TEST_P(LatentDecoderParity, CachedLogitsEqualFullSequenceForwardAtEveryPosition) {
+  const LatentCase k = GetParam();
+  const auto m = latent(k.q_lora, k.nope, k.moe);
+  const std::int64_t T = 12, V = m.vocab_size;
+  DenseModel model(m, 1, T, Arena::Mode::allocate);
+  init_params(model, 21);
+  const auto tok = tokens_of(T, V, 4);
+  model.forward(tok.data(), tok.data());
+  const float* ref = model.logits().ptr<float>();
+
+  Decoder dec(m, model.params(), m.max_seq_len);
+  EXPECT_EQ(dec.cache_values(), m.kv_lora_rank + m.qk_rope_head_dim);
+  EXPECT_EQ(dec.cache_values(), Decoder::cache_values_per_token(m));
+  auto all = dec.append(tok.data(), T, true);
+  for (std::int64_t t = 0; t < T; ++t)
+    expect_rows_close(all.ptr<float>() + t * V, ref + t * V, V, "prefill", t);
+  dec.reset();
+  auto pre = dec.append(tok.data(), 4, true);
+  for (std::int64_t t = 0; t < 4; ++t)
+    expect_rows_close(pre.ptr<float>() + t * V, ref + t * V, V, "prompt", t);
+  for (std::int64_t t = 4; t < T; ++t) {
+    auto one = dec.append(&tok[static_cast<std::size_t>(t)], 1);
+    expect_rows_close(one.ptr<float>(), ref + t * V, V, "cached step", t);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LatentDecoderParity,
+                         ::testing::Values(LatentCase{0, 8, false}, LatentCase{10, 8, false},
+                                           LatentCase{10, 0, false}, LatentCase{0, 8, true}),
+                         [](const ::testing::TestParamInfo<LatentCase>& i) {
+                           const LatentCase& c = i.param;
+                           return std::string(c.q_lora > 0 ? "QueryLatent" : "FullQuery") +
+                                  (c.nope > 0 ? "" : "NoNope") + (c.moe ? "Moe" : "Dense");
+                         });
+
+// What one token costs in the cache per layer: DeepSeek-V3 caches its 512-wide latent and
+// 64-wide RoPE key (576 floats; DeepSeek-V2 section 2.1.2), not 2 x 128 heads x 128/192.
+TEST(Decoder, LatentCacheHoldsTheCompressedLatentPerToken) {
+  EXPECT_EQ(Decoder::cache_values_per_token(dst::config::preset_model("deepseek-v3")), 576);
+  EXPECT_EQ(Decoder::cache_values_per_token(dst::config::preset_model("deepseek-v2-lite")), 576);
+  EXPECT_EQ(Decoder::cache_values_per_token(dst::config::preset_model("tiny-moe")), 96);
+  EXPECT_EQ(Decoder::cache_values_per_token(dst::config::preset_model("deepseek-llm-67b")),
+            2 * 8 * 128);
+}
 
 TEST(Decoder, RefusesOverflowBadTokensAndMismatchedStores) {
   const auto m = tiny(true, false);
