@@ -320,6 +320,22 @@ void check_mla(const ModelSection& m, const GivenKeys& given, const std::string&
                          s(m.kv_lora_rank) + ")");
 }
 
+/// YaRN's keys, when model.rope_scaling.type selects it.
+void check_rope_scaling(const ModelSection& m, const GivenKeys& given,
+                        const std::string& fallback) {
+  const RopeScalingSection& r = m.rope_scaling;
+  if (r.type == RopeScalingType::none) return;
+  if (!m.mla())
+    fail_combination(given, fallback, {"model.rope_scaling.type", "model.kv_lora_rank"},
+                     "model.rope_scaling.type yarn is implemented for multi-head latent "
+                     "attention (DeepSeek-V2/V3) only; model.kv_lora_rank is 0");
+  if (!(r.beta_slow < r.beta_fast))
+    fail_combination(
+        given, fallback, {"model.rope_scaling.beta_slow", "model.rope_scaling.beta_fast"},
+        "model.rope_scaling.beta_slow (" + std::to_string(r.beta_slow) +
+            ") must be below model.rope_scaling.beta_fast (" + std::to_string(r.beta_fast) + ")");
+}
+
 /// DeepSeekMoE's keys, when n_routed_experts selects it.
 void check_moe(const ModelSection& m, const GivenKeys& given, const std::string& fallback) {
   const auto s = [](auto v) { return std::to_string(v); };
@@ -377,6 +393,7 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                      "model.n_heads (" + s(m.n_heads) + ") is not divisible by model.n_kv_heads (" +
                          s(m.n_kv_heads) + ")");
   check_mla(m, given, fallback);
+  check_rope_scaling(m, given, fallback);
   check_moe(m, given, fallback);
   if (c.data.seq_len > m.max_seq_len)
     fail_combination(given, fallback, {"data.seq_len", "model.max_seq_len"},
@@ -678,9 +695,9 @@ const std::vector<Preset>& presets() {
       {"tiny-moe",
        with_moe(with_mla(make_model("tiny-moe", 260, 256, 4, 4, 4, 688, 256), 0, 64, 64, 32, 64), 8,
                 1, 2, 224, 1, 1, 1, true, 1.0, MoeScore::sigmoid)},
-      // DeepSeek-V2-Lite and DeepSeek-V3 from their published config.json files (at the
-      // original 4K context: rope_scaling / YaRN is not applied; V3's MTP module is not
-      // part of the model yet).
+      // DeepSeek-V2-Lite and DeepSeek-V3 from their published config.json files, at the
+      // original 4K context with RoPE as pre-trained (model.rope_scaling.type yarn is the
+      // long-context option); V3's MTP module is not part of the model yet.
       {"deepseek-v2-lite",
        with_moe(with_mla(make_model("deepseek-v2-lite", 102400, 2048, 27, 16, 16, 10944, 4096), 0,
                          512, 128, 64, 128),

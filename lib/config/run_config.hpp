@@ -99,6 +99,24 @@ struct MoeSection {
   double seq_aux_loss_alpha = 1.0e-4;
 };
 
+/// model.rope_scaling.type: how RoPE's frequencies are stretched past the training context.
+enum class RopeScalingType : std::uint8_t {
+  none,  ///< RoPE as trained (pre-training at the original context)
+  yarn,  ///< YaRN (Peng et al. 2023), as DeepSeek-V2/V3's long-context checkpoints
+};
+
+/// YaRN's parameters, named as Hugging Face's rope_scaling (max_position_embeddings of the
+/// pre-training run is original_max_seq_len); only read with type yarn.
+struct RopeScalingSection {
+  RopeScalingType type = RopeScalingType::none;
+  double factor = 1.0;                       ///< context extension factor s
+  std::int64_t original_max_seq_len = 4096;  ///< the pre-training context
+  double beta_fast = 32.0;                   ///< rotations above which a frequency is kept
+  double beta_slow = 1.0;                    ///< rotations below which it is interpolated
+  double mscale = 1.0;                       ///< numerator of the tables' attention factor
+  double mscale_all_dim = 0.0;  ///< denominator, and the softmax scale's mscale^2 (0: off)
+};
+
 /// Model shape. Fields start from the preset's values; explicit deck keys override.
 struct ModelSection {
   std::string preset = "tiny";  ///< tiny | small | deepseek-1b | deepseek-llm-7b | deepseek-llm-67b
@@ -121,6 +139,7 @@ struct ModelSection {
   std::int64_t qk_nope_head_dim = 0;  ///< per-head query/key width without RoPE
   std::int64_t qk_rope_head_dim = 0;  ///< per-head query/key width with RoPE (key shared)
   std::int64_t v_head_dim = 0;        ///< per-head value width
+  RopeScalingSection rope_scaling;    ///< YaRN (latent attention only)
 
   // DeepSeekMoE. n_routed_experts > 0 makes blocks >= first_k_dense_replace MoE blocks.
   std::int64_t n_routed_experts = 0;
@@ -362,6 +381,10 @@ struct EnumNames<config::KernelsBackend> {
 template <>
 struct EnumNames<config::HostGemmSetting> {
   static constexpr std::array<const char*, 3> names{"auto", "blas", "dstrain"};
+};
+template <>
+struct EnumNames<config::RopeScalingType> {
+  static constexpr std::array<const char*, 2> names{"none", "yarn"};
 };
 template <>
 struct EnumNames<config::MoeScore> {

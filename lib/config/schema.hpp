@@ -166,6 +166,35 @@ void visit_model(V& v, S&... s) {
           s.qk_rope_head_dim...);
   v.field("model.v_head_dim", Spec("MLA: per-head value dims.").at_least(0).at_most(kIntMax),
           s.v_head_dim...);
+  v.section("model.rope_scaling",
+            "RoPE past the pre-training context (Hugging Face's rope_scaling; latent attention "
+            "only).");
+  v.field("model.rope_scaling.type",
+          Spec("none = RoPE as trained; yarn = YaRN (DeepSeek-V2/V3 long context)."),
+          s.rope_scaling.type...);
+  v.field("model.rope_scaling.factor", Spec("YaRN: context extension factor.").at_least(1),
+          s.rope_scaling.factor...);
+  v.field("model.rope_scaling.original_max_seq_len",
+          Spec("YaRN: the pre-training context (HF original_max_position_embeddings).")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.rope_scaling.original_max_seq_len...);
+  v.field(
+      "model.rope_scaling.beta_fast",
+      Spec("YaRN: rotations over the original context above which a frequency is kept.").above(0),
+      s.rope_scaling.beta_fast...);
+  v.field("model.rope_scaling.beta_slow",
+          Spec("YaRN: rotations below which a frequency is interpolated by factor; < beta_fast.")
+              .above(0),
+          s.rope_scaling.beta_slow...);
+  v.field("model.rope_scaling.mscale",
+          Spec("YaRN: mscale of the RoPE tables' factor (0.1 mscale ln(factor) + 1).").at_least(0),
+          s.rope_scaling.mscale...);
+  v.field("model.rope_scaling.mscale_all_dim",
+          Spec("YaRN: its denominator's mscale, and the softmax scale's factor (0.1 "
+               "mscale_all_dim ln(factor) + 1)^2; 0 = neither.")
+              .at_least(0),
+          s.rope_scaling.mscale_all_dim...);
   v.field("model.n_routed_experts",
           Spec("DeepSeekMoE: routed experts per MoE block; 0 = dense MLP in every block.")
               .at_least(0)

@@ -205,7 +205,7 @@ Decoder::Decoder(const config::ModelSection& m, const ParamStore& params, std::i
   s.take_all();  // layout pass
   s.arena = Arena("decoder", Arena::Mode::allocate, s.arena.used_bytes());
   s.take_all();
-  s.rope.fill(s.c.ctx, m.rope_theta);
+  s.rope.fill(s.c.ctx, m.rope_theta, m.rope_scaling);
 }
 
 Decoder::~Decoder() = default;

@@ -160,7 +160,7 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
       s.recomputed =
           Arena("recomputed activations", Arena::Mode::allocate, recomputed_bytes, dev, ctx.stream);
     s.take_all();
-    s.rope.fill(s.c.ctx, m.rope_theta);
+    s.rope.fill(s.c.ctx, m.rope_theta, m.rope_scaling);
     if (storage != DType::f32 && master_outside) {
       // The compute copy is the parameter buffer itself (the master's shard is the
       // optimizer's): rounded in place.

@@ -55,7 +55,15 @@ std::string hf_deepseek_config_json(const config::ModelSection& m, const HfConfi
   j["max_position_embeddings"] = m.max_seq_len;
   j["rms_norm_eps"] = m.norm_eps;
   j["rope_theta"] = m.rope_theta;
-  j["rope_scaling"] = nullptr;           // no YaRN: the original context
+  const config::RopeScalingSection& r = m.rope_scaling;
+  if (r.type == config::RopeScalingType::yarn)
+    j["rope_scaling"] = {
+        {"type", "yarn"},           {"rope_type", "yarn"},
+        {"factor", r.factor},       {"original_max_position_embeddings", r.original_max_seq_len},
+        {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow},
+        {"mscale", r.mscale},       {"mscale_all_dim", r.mscale_all_dim}};
+  else
+    j["rope_scaling"] = nullptr;         // RoPE as trained
   if (!v2) j["rope_interleave"] = true;  // our RoPE pairs (kernels::rope_interleaved_forward)
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";

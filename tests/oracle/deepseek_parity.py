@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Oracle: DeepSeek-V2/V3 models (multi-head latent attention, DeepSeekMoE) against Hugging
 Face transformers' DeepseekV3ForCausalLM / DeepseekV2ForCausalLM (code none of us wrote),
-built from the same config (fp32, eager attention, rope_scaling None) and loaded with our
+built from the same config (fp32, eager attention, rope_scaling None or YaRN) and loaded with our
 exact initial weights.
 
 As llama_parity.py: model_dump writes our initial weights, a fixed batch, our logits, loss
@@ -59,6 +59,15 @@ CASES = {
     "mla_no_nope_blocks": (SMALL + ["model.kv_lora_rank=8", "model.qk_nope_head_dim=0",
                                     "model.qk_rope_head_dim=16", "model.v_head_dim=8",
                                     "model.q_lora_rank=12"], 2, 150),
+    # YaRN (rope_scaling yarn, DeepSeek-V3's long-context RoPE): the RoPE key width 8 over
+    # an original context of 24 puts the ramp between dims 0 and 1 (frequency 0 kept,
+    # the others interpolated by 4); mscale 1 over mscale_all_dim 0.8 makes the tables'
+    # factor 1.024 and the softmax factor 1.231, so every part of it shows.
+    "mla_yarn": (SMALL + MLA + ["model.q_lora_rank=24", "model.rope_scaling.type=yarn",
+                                "model.rope_scaling.factor=4",
+                                "model.rope_scaling.original_max_seq_len=24",
+                                "model.rope_scaling.mscale=1",
+                                "model.rope_scaling.mscale_all_dim=0.8"], 2, 40),
     # Latent attention with the dense MLP in every block (no MoE) is every case above.
     # DeepSeekMoE (the balance loss off: transformers has none; moe_router_test checks it):
     # sigmoid router, one dense block, 8 routed experts top-2 plus one shared, renormalised
@@ -139,6 +148,18 @@ def rel_l2(ours, ref):
     return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+def yarn_scaling(attrs):
+    """transformers' rope_scaling dict for our model.rope_scaling (None without YaRN)."""
+    if not attrs["yarn"]:
+        return None
+    return {"rope_type": "yarn", "factor": float(attrs["yarn_factor"]),
+            "original_max_position_embeddings": int(attrs["yarn_original_max_seq_len"]),
+            "beta_fast": float(attrs["yarn_beta_fast"]),
+            "beta_slow": float(attrs["yarn_beta_slow"]),
+            "mscale": float(attrs["yarn_mscale"]),
+            "mscale_all_dim": float(attrs["yarn_mscale_all_dim"])}
+
+
 def hf_model(attrs):
     """transformers' model of the dumped shape: V3 (sigmoid router) or V2 (softmax)."""
     i = lambda k: int(attrs[k])
@@ -148,7 +169,7 @@ def hf_model(attrs):
         num_hidden_layers=i("n_layers"), num_attention_heads=i("n_heads"),
         num_key_value_heads=i("n_heads"), max_position_embeddings=i("max_seq_len"),
         rms_norm_eps=float(attrs["norm_eps"]), rope_theta=float(attrs["rope_theta"]),
-        rope_scaling=None, tie_word_embeddings=bool(attrs["tie_embeddings"]),
+        rope_scaling=yarn_scaling(attrs), tie_word_embeddings=bool(attrs["tie_embeddings"]),
         q_lora_rank=i("q_lora_rank") or None, kv_lora_rank=i("kv_lora_rank"),
         qk_nope_head_dim=i("qk_nope_head_dim"), qk_rope_head_dim=i("qk_rope_head_dim"),
         v_head_dim=i("v_head_dim"), attention_bias=False, hidden_act="silu",

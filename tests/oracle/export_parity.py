@@ -51,7 +51,8 @@ CASES = {
     # DeepSeek-V3 (issue 32): latent attention with a query latent, DeepSeekMoE (sigmoid
     # router, 4 groups of 2 experts, top-3 of 2 groups, shared experts) after a dense block:
     # DeepseekV3ForCausalLM loads the per-expert tensors (fusing them) and the correction
-    # bias. The KV-cache decoder runs it with its latent cache (absorbed products).
+    # bias. The KV-cache decoder runs it with its latent cache (absorbed products). YaRN
+    # (rope_scaling) exported and applied by transformers from config.json.
     "deepseek_v3_moe": (["model.vocab_size=260", "model.d_model=64", "model.n_layers=3",
                          "model.n_heads=4", "model.n_kv_heads=4", "model.ffn_dim=96",
                          "model.max_seq_len=32", "model.q_lora_rank=24", "model.kv_lora_rank=16",
@@ -60,7 +61,10 @@ CASES = {
                          "model.n_shared_experts=1", "model.num_experts_per_tok=3",
                          "model.moe_intermediate_size=24", "model.first_k_dense_replace=1",
                          "model.n_group=4", "model.topk_group=2",
-                         "model.routed_scaling_factor=2.5"],
+                         "model.routed_scaling_factor=2.5", "model.rope_scaling.type=yarn",
+                         "model.rope_scaling.factor=4",
+                         "model.rope_scaling.original_max_seq_len=16",
+                         "model.rope_scaling.mscale_all_dim=1"],
                         ["--tokenizer-name", "byte260"], 2, 24),
     # DeepSeek-V2's softmax router: DeepseekV2ForCausalLM.
     "deepseek_v2_moe": (["model.vocab_size=260", "model.d_model=64", "model.n_layers=2",
@@ -192,6 +196,17 @@ def run_case(dstrain, tool, workdir, tokenizer, name, sets, extra, batch, seq):
     theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None))
     if theta != float(deck.get("rope_theta", "10000")):
         problems.append(f"config.json rope theta {theta}, deck says {deck.get('rope_theta')}")
+    # YaRN (rope_scaling): transformers' rope parameters as the deck's.
+    if deck.get("rope_scaling.type", "none") == "yarn":
+        got = {k: rope.get(k) for k in ("rope_type", "factor", "original_max_position_embeddings",
+                                        "mscale_all_dim")}
+        exp = {"rope_type": "yarn", "factor": float(deck["rope_scaling.factor"]),
+               "original_max_position_embeddings": int(deck["rope_scaling.original_max_seq_len"]),
+               "mscale_all_dim": float(deck["rope_scaling.mscale_all_dim"])}
+        if got != exp:
+            problems.append(f"config.json rope parameters {got}, deck says {exp}")
+    elif rope.get("rope_type", "default") != "default":
+        problems.append(f"config.json rope type {rope.get('rope_type')}, the deck has none")
     if cfg.architectures != [arch]:
         problems.append(f"architectures {cfg.architectures}")
 

@@ -164,6 +164,14 @@ int main(int argc, char** argv) {
     attr(f, "routed_scaling_factor", m.routed_scaling_factor);
     attr(f, "moe_softmax", m.moe.score == dst::config::MoeScore::softmax ? 1.0 : 0.0);
     attr(f, "seq_aux_loss_alpha", m.moe.seq_aux_loss_alpha);
+    const dst::config::RopeScalingSection& r = m.rope_scaling;
+    attr(f, "yarn", r.type == dst::config::RopeScalingType::yarn ? 1.0 : 0.0);
+    attr(f, "yarn_factor", r.factor);
+    attr(f, "yarn_original_max_seq_len", static_cast<double>(r.original_max_seq_len));
+    attr(f, "yarn_beta_fast", r.beta_fast);
+    attr(f, "yarn_beta_slow", r.beta_slow);
+    attr(f, "yarn_mscale", r.mscale);
+    attr(f, "yarn_mscale_all_dim", r.mscale_all_dim);
     H5Gclose(gp);
     H5Gclose(gg);
     H5Fclose(f);

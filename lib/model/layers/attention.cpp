@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "blas/gemm.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/yarn.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::model {
 
@@ -108,8 +111,24 @@ Rope Rope::take(tensor::Arena& arena, std::int64_t positions, std::int64_t head_
   return r;
 }
 
-void Rope::fill(const tensor::ExecContext& ctx, double theta) const {
-  kernels::rope_tables(ctx, theta, cos, sin);
+void Rope::fill(const tensor::ExecContext& ctx, double theta,
+                const config::RopeScalingSection& scaling) const {
+  if (scaling.type == config::RopeScalingType::none) {
+    kernels::rope_tables(ctx, theta, cos, sin);
+    return;
+  }
+  const std::int64_t positions = cos.shape[0], half = cos.shape[1];
+  const std::vector<double> inv = yarn::inv_freq(2 * half, theta, scaling);
+  const double f = yarn::table_factor(scaling);
+  std::vector<float> c(static_cast<std::size_t>(positions * half)), s(c.size());
+  for (std::int64_t t = 0; t < positions; ++t)
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * inv[static_cast<std::size_t>(i)];
+      c[static_cast<std::size_t>(t * half + i)] = static_cast<float>(f * std::cos(angle));
+      s[static_cast<std::size_t>(t * half + i)] = static_cast<float>(f * std::sin(angle));
+    }
+  tensor::copy(ctx, cos.data, c.data(), c.size() * sizeof(float));
+  tensor::copy(ctx, sin.data, s.data(), s.size() * sizeof(float));
 }
 
 Rope Rope::rows(std::int64_t first, std::int64_t n) const {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config/run_config.hpp"
 #include "model/layers/layer.hpp"
 #include "tensor/arena.hpp"
 
@@ -24,8 +25,11 @@ struct Rope {
   tensor::Tensor sin;  // (positions, D/2)
 
   static Rope take(tensor::Arena& arena, std::int64_t positions, std::int64_t head_dim);
-  /// Fills the tables (kernels::rope_tables).
-  void fill(const tensor::ExecContext& ctx, double theta) const;
+  /// Fills the tables: kernels::rope_tables, or with YaRN (`scaling`, yarn.hpp) angles
+  /// t * yarn::inv_freq in double on the host, cos and sin times yarn::table_factor,
+  /// rounded once to float and copied to the context's memory.
+  void fill(const tensor::ExecContext& ctx, double theta,
+            const config::RopeScalingSection& scaling = {}) const;
   /// The tables of positions [first, first + n).
   Rope rows(std::int64_t first, std::int64_t n) const;
 };

@@ -6,6 +6,7 @@
 
 #include "blas/gemm.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/yarn.hpp"
 
 namespace dst::model {
 
@@ -29,7 +30,12 @@ LatentAttention::LatentAttention(std::string prefix, const config::ModelSection&
       rope_(m.qk_rope_head_dim),
       v_(m.v_head_dim),
       out_std_(out_std),
-      scale_(1.0f / std::sqrt(static_cast<float>(m.qk_nope_head_dim + m.qk_rope_head_dim))),
+      // YaRN: DeepSeek's mscale^2 on the softmax scale, in double as transformers.
+      scale_(m.rope_scaling.type == config::RopeScalingType::none
+                 ? 1.0f / std::sqrt(static_cast<float>(m.qk_nope_head_dim + m.qk_rope_head_dim))
+                 : static_cast<float>(
+                       yarn::softmax_factor(m.rope_scaling) /
+                       std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim)))),
       q_norm_(prefix_ + "q_a_layernorm.weight", m.q_lora_rank, kLatentNormEps),
       kv_norm_(prefix_ + "kv_a_layernorm.weight", m.kv_lora_rank, kLatentNormEps) {}
 

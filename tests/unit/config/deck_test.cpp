@@ -385,6 +385,18 @@ TEST(DeckErrors, LatentAttentionAndMoeShapes) {
                        "leaves no MoE block among model.n_layers = 4"));
   EXPECT_TRUE(Contains(load_error("model:\n  preset: tiny-moe\n  moe:\n    score: tanh\n"),
                        "model.moe.score"));
+  // YaRN: latent attention only, beta_slow below beta_fast.
+  EXPECT_TRUE(Contains(load_error("model:\n  rope_scaling: {type: yarn, factor: 4}\n"),
+                       "model.rope_scaling.type yarn is implemented for multi-head latent "
+                       "attention (DeepSeek-V2/V3) only"));
+  EXPECT_TRUE(Contains(
+      load_error("model:\n  preset: tiny-moe\n  rope_scaling: {type: yarn, beta_slow: 32}\n"),
+      "model.rope_scaling.beta_slow (32.000000) must be below model.rope_scaling.beta_fast"));
+  EXPECT_TRUE(Contains(load_error("model:\n  preset: tiny-moe\n  rope_scaling: {factor: 0.5}\n"),
+                       "model.rope_scaling.factor"));
+  const auto yarn = load("model:\n  preset: tiny-moe\n  rope_scaling: {type: yarn, factor: 40}\n");
+  EXPECT_EQ(yarn.model.rope_scaling.type, dst::config::RopeScalingType::yarn);
+  EXPECT_EQ(yarn.model.rope_scaling.factor, 40.0);
 }
 
 TEST(DeckErrors, UnknownPresetListsPresets) {
@@ -704,6 +716,13 @@ const std::vector<std::string> kEveryKeyChanged = {
     "model.qk_nope_head_dim=24",
     "model.qk_rope_head_dim=16",
     "model.v_head_dim=20",
+    "model.rope_scaling.type=yarn",
+    "model.rope_scaling.factor=40",
+    "model.rope_scaling.original_max_seq_len=2048",
+    "model.rope_scaling.beta_fast=16",
+    "model.rope_scaling.beta_slow=2",
+    "model.rope_scaling.mscale=0.707",
+    "model.rope_scaling.mscale_all_dim=0.707",
     "model.n_routed_experts=8",
     "model.n_shared_experts=2",
     "model.num_experts_per_tok=3",
