@@ -2,14 +2,18 @@
 /// HDF5 error handling, handles and attributes for the checkpoint layer.
 #include "ckpt/detail/h5.hpp"
 
-#include <sstream>
-#include <vector>
+#include <cstddef>
 
+#include "h5/attribute.hpp"
 #include "runtime/mpi_check.hpp"
 
 namespace dst::ckpt::detail {
 
 namespace {
+
+// The longest string attribute read (the run's deck and RNG state are far below it): a
+// larger one is a damaged file, refused before any allocation.
+constexpr std::size_t kMaxStringAttr = std::size_t{1} << 30;
 
 [[noreturn]] void missing_attr(const char* name, const std::string& where) {
   throw CheckpointError(
@@ -17,23 +21,25 @@ namespace {
       where + ": attribute " + name + " is missing: not a dstrain checkpoint, or a damaged one");
 }
 
+/// The attribute `name` of `obj`, which must exist and hold one value.
+h5::Handle open_scalar_attr(hid_t obj, const char* name, const std::string& where) {
+  if (!h5::has_attribute(obj, name, where, raise_checkpoint_error)) missing_attr(name, where);
+  hssize_t points = 0;
+  h5::Handle attr = h5::open_attribute(obj, name, points, where, raise_checkpoint_error);
+  if (points != 1)
+    throw CheckpointError(CheckpointError::Kind::format,
+                          where + ": attribute " + name + " is not a scalar");
+  return attr;
+}
+
 void write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* v,
                        const std::string& where) {
-  h5::Handle space(DST_CKPT_H5(H5Screate(H5S_SCALAR), where));
-  h5::Handle attr(
-      DST_CKPT_H5(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                  where + " attribute " + name));
-  DST_CKPT_H5(H5Awrite(attr.get(), mem_type, v), where + " attribute " + name);
+  h5::write_scalar_attribute(obj, name, file_type, mem_type, v, where, raise_checkpoint_error);
 }
 
 void read_scalar_attr(hid_t obj, const char* name, hid_t mem_type, void* v,
                       const std::string& where) {
-  if (DST_CKPT_H5(H5Aexists(obj, name), where) == 0) missing_attr(name, where);
-  h5::Handle attr(DST_CKPT_H5(H5Aopen(obj, name, H5P_DEFAULT), where + " attribute " + name));
-  h5::Handle space(DST_CKPT_H5(H5Aget_space(attr.get()), where + " attribute " + name));
-  if (DST_CKPT_H5(H5Sget_simple_extent_npoints(space.get()), where) != 1)
-    throw CheckpointError(CheckpointError::Kind::format,
-                          where + ": attribute " + name + " is not a scalar");
+  h5::Handle attr = open_scalar_attr(obj, name, where);
   // HDF5 converts between integer and float types on read; a wrong class fails here.
   DST_CKPT_H5(H5Aread(attr.get(), mem_type, v), where + " attribute " + name);
 }
@@ -79,12 +85,7 @@ void write_attr_f64(hid_t obj, const char* name, double v, const std::string& wh
 }
 
 void write_attr_str(hid_t obj, const char* name, const std::string& v, const std::string& where) {
-  h5::Handle type(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
-  // HDF5 rejects 0-byte string types; an empty string is one NUL of padding.
-  DST_CKPT_H5(H5Tset_size(type.get(), v.empty() ? 1 : v.size()), where);
-  DST_CKPT_H5(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), where);
-  const std::string padded = v.empty() ? std::string(1, '\0') : v;
-  write_scalar_attr(obj, name, type.get(), type.get(), padded.data(), where);
+  h5::write_fixed_string_attribute(obj, name, v, where, raise_checkpoint_error);
 }
 
 std::int64_t read_attr_i64(hid_t obj, const char* name, const std::string& where) {
@@ -104,21 +105,17 @@ double read_attr_f64(hid_t obj, const char* name, const std::string& where) {
 }
 
 std::string read_attr_str(hid_t obj, const char* name, const std::string& where) {
-  if (DST_CKPT_H5(H5Aexists(obj, name), where) == 0) missing_attr(name, where);
-  h5::Handle attr(DST_CKPT_H5(H5Aopen(obj, name, H5P_DEFAULT), where + " attribute " + name));
+  h5::Handle attr = open_scalar_attr(obj, name, where);
   h5::Handle ftype(DST_CKPT_H5(H5Aget_type(attr.get()), where + " attribute " + name));
   if (H5Tget_class(ftype.get()) != H5T_STRING || H5Tis_variable_str(ftype.get()) > 0)
     throw CheckpointError(CheckpointError::Kind::format,
                           where + ": attribute " + name + " is not a fixed-length string");
-  const std::size_t n = H5Tget_size(ftype.get());
-  h5::Handle mtype(DST_CKPT_H5(H5Tcopy(H5T_C_S1), where));
-  DST_CKPT_H5(H5Tset_size(mtype.get(), n), where);
-  DST_CKPT_H5(H5Tset_strpad(mtype.get(), H5T_STR_NULLPAD), where);
-  std::vector<char> buf(n);
-  DST_CKPT_H5(H5Aread(attr.get(), mtype.get(), buf.data()), where + " attribute " + name);
-  std::string s(buf.data(), n);
-  const auto end = s.find('\0');
-  if (end != std::string::npos) s.resize(end);
+  bool too_long = false;
+  std::string s = h5::read_string_attribute(attr.get(), ftype.get(), kMaxStringAttr, too_long,
+                                            where + " attribute " + name, raise_checkpoint_error);
+  if (too_long)
+    throw CheckpointError(CheckpointError::Kind::format,
+                          where + ": attribute " + name + " has an implausible length");
   return s;
 }
 

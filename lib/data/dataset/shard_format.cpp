@@ -12,6 +12,7 @@
 
 #include "core/rng.hpp"
 #include "data/dataset/detail/h5.hpp"
+#include "h5/attribute.hpp"
 #include "h5/handle.hpp"
 #include "h5/lock.hpp"
 
@@ -35,12 +36,11 @@ std::string shard_where(const std::string& path) {
 
 h5::Handle open_attribute(hid_t loc, const char* name, const std::string& path) {
   const std::string where = shard_where(path);
-  if (DST_H5_CHECK(H5Aexists(loc, name), where) == 0)
+  if (!h5::has_attribute(loc, name, where, detail::raise_dataset_error))
     fail(path, std::string("attribute '") + name + "' is missing");
-  h5::Handle attr(DST_H5_CHECK(H5Aopen(loc, name, H5P_DEFAULT), where));
-  h5::Handle space(DST_H5_CHECK(H5Aget_space(attr.get()), where));
-  if (DST_H5_CHECK(H5Sget_simple_extent_npoints(space.get()), where) != 1)
-    fail(path, std::string("attribute '") + name + "' must hold one value");
+  hssize_t points = 0;
+  h5::Handle attr = h5::open_attribute(loc, name, points, where, detail::raise_dataset_error);
+  if (points != 1) fail(path, std::string("attribute '") + name + "' must hold one value");
   return attr;
 }
 
@@ -64,28 +64,12 @@ std::string read_string_attr(hid_t loc, const char* name, const std::string& pat
   h5::Handle type(DST_H5_CHECK(H5Aget_type(attr.get()), where));
   if (DST_H5_CHECK(H5Tget_class(type.get()), where) != H5T_STRING)
     fail(path, std::string("attribute '") + name + "' must be a string");
-  h5::Handle mem(DST_H5_CHECK(H5Tcopy(H5T_C_S1), where));
-  std::string value;
-  if (DST_H5_CHECK(H5Tis_variable_str(type.get()), where) > 0) {
-    DST_H5_CHECK(H5Tset_size(mem.get(), H5T_VARIABLE), where);
-    DST_H5_CHECK(H5Tset_cset(mem.get(), DST_H5_CHECK(H5Tget_cset(type.get()), where)), where);
-    char* text = nullptr;
-    DST_H5_CHECK(H5Aread(attr.get(), mem.get(), &text), where);
-    if (text != nullptr) {
-      value = text;
-      H5free_memory(text);
-    }
-  } else {
-    const std::size_t size = H5Tget_size(type.get());
-    if (size == 0 || size > kMaxStringAttr)
-      fail(path, std::string("attribute '") + name + "' has an implausible length " +
-                     std::to_string(size));
-    DST_H5_CHECK(H5Tset_size(mem.get(), size + 1), where);  // + 1: room for the NUL
-    DST_H5_CHECK(H5Tset_cset(mem.get(), DST_H5_CHECK(H5Tget_cset(type.get()), where)), where);
-    std::string buf(size + 1, '\0');
-    DST_H5_CHECK(H5Aread(attr.get(), mem.get(), buf.data()), where);
-    value = buf.substr(0, buf.find('\0'));
-  }
+  bool too_long = false;
+  const std::string value = h5::read_string_attribute(attr.get(), type.get(), kMaxStringAttr,
+                                                      too_long, where, detail::raise_dataset_error);
+  if (too_long)
+    fail(path, std::string("attribute '") + name + "' has an implausible length " +
+                   std::to_string(H5Tget_size(type.get())));
   if (value.size() > kMaxStringAttr)
     fail(path, std::string("attribute '") + name + "' is longer than " +
                    std::to_string(kMaxStringAttr) + " bytes");

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "h5/attribute.hpp"
 #include "h5/lock.hpp"
 
 namespace dst::data {
@@ -27,23 +28,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 void write_uint_attr(hid_t loc, const char* name, std::uint64_t value, hid_t file_type,
                      const std::string& where) {
-  h5::Handle space(DST_H5_CHECK(H5Screate(H5S_SCALAR), where));
-  h5::Handle attr(
-      DST_H5_CHECK(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), where));
-  DST_H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_UINT64, &value), where);
+  h5::write_scalar_attribute(loc, name, file_type, H5T_NATIVE_UINT64, &value, where,
+                             detail::raise_dataset_error);
 }
 
 // Variable-length UTF-8: h5py reads it as a Python str, h5dump prints it as text.
 void write_string_attr(hid_t loc, const char* name, const std::string& value,
                        const std::string& where) {
-  h5::Handle type(DST_H5_CHECK(H5Tcopy(H5T_C_S1), where));
-  DST_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE), where);
-  DST_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8), where);
-  h5::Handle space(DST_H5_CHECK(H5Screate(H5S_SCALAR), where));
-  h5::Handle attr(DST_H5_CHECK(
-      H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), where));
-  const char* text = value.c_str();
-  DST_H5_CHECK(H5Awrite(attr.get(), type.get(), &text), where);
+  h5::write_variable_string_attribute(loc, name, value, where, detail::raise_dataset_error);
 }
 
 h5::Handle create_extendible(hid_t file, const char* name, hid_t file_type, std::uint64_t chunk,
