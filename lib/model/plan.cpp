@@ -235,8 +235,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
           static_cast<double>(mem.parameters), 1.0);
     }
     // Loss sum, tokens, non-finite flag, stop requests (4 doubles); ZeRO: the squared
-    // gradient norm of each shard too.
-    add("all-reduce of the step's scalars", options.zero_stage == 0 ? 32.0 : 40.0, 2.0);
+    // gradient norm of each shard too; an MTP module: its loss sum, and before the
+    // micro-batches the global batch's main and MTP target counts (2 doubles).
+    add("all-reduce of the step's scalars",
+        (options.zero_stage == 0 ? 32.0 : 40.0) + (m.mtp_depth > 0 ? 8.0 : 0.0), 2.0);
+    if (m.mtp_depth > 0) add("all-reduce of the step's target counts (MTP loss weight)", 16.0, 2.0);
   }
 
   // The step's time on the host kind's rates: every executed FLOP at the matrix-product

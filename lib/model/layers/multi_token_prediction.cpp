@@ -88,10 +88,10 @@ void MultiTokenPrediction::forward(const Compute& c, const Embedding& embedding,
   // two column halves of W (C, 2C) read with its row stride 2C.
   const float* w = c.weight(eh_proj_).ptr<float>();
   float* x = a.block.x.ptr<float>();
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f,
-             a.enorm.out.ptr<float>(), C_, w, 2 * C_, 0.0f, x, C_);
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f,
-             a.hnorm.out.ptr<float>(), C_, w + C_, 2 * C_, 1.0f, x, C_);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f, a.enorm.out.ptr<float>(),
+             C_, w, 2 * C_, 0.0f, x, C_);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f, a.hnorm.out.ptr<float>(),
+             C_, w + C_, 2 * C_, 1.0f, x, C_);
   c.store(a.block.x);
   block_.forward(c, rope, B, T, a.block, a.head.x);
   head_.forward(c, a.head.x, a.head.norm, a.head.logits);
@@ -111,7 +111,7 @@ void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding
                                     const MtpActs& a, const BlockScratch& bs, const MtpScratch& s,
                                     const tensor::Tensor& d_x, const OnReady& ready) const {
   const std::int64_t N = B * T;
-  head_.backward(c, a.head, bs.d_ln, d_x, ready);  // d_x: d(loss)/d(block output)
+  head_.backward(c, a.head, bs.d_ln, d_x, ready);           // d_x: d(loss)/d(block output)
   block_.backward(c, rope, B, T, a.block, bs, d_x, ready);  // d_x: d(loss)/d(eh_proj output)
   // eh_proj: d_e = dy W[:, :C], d_h = dy W[:, C:]; dW[:, :C] += dy^T e, dW[:, C:] += dy^T h.
   c.store(d_x);
@@ -121,8 +121,8 @@ void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding
   const tensor::Tensor& d_e = bs.d_ln;
   blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w, 2 * C_, 0.0f,
              d_e.ptr<float>(), C_);
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w + C_, 2 * C_,
-             0.0f, s.d_h.ptr<float>(), C_);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w + C_, 2 * C_, 0.0f,
+             s.d_h.ptr<float>(), C_);
   blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_,
              a.enorm.out.ptr<float>(), C_, 1.0f, dw, 2 * C_);
   blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_,
