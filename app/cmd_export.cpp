@@ -159,9 +159,10 @@ int run_export(runtime::Runtime& rt, const Command& cmd) {
                 model::format_count(static_cast<double>(ps.parameter_count())).c_str(),
                 o.dtype.c_str(), model::format_bytes(static_cast<double>(bytes)).c_str());
     if (mtp_copies > 0)
-      std::printf("  MTP module         model.layers.%lld.* as DeepSeek-V3 stores it (with %lld "
-                  "copies of shared tensors; transformers does not read the module)\n",
-                  static_cast<long long>(m.n_layers), static_cast<long long>(mtp_copies));
+      std::printf(
+          "  MTP module         model.layers.%lld.* as DeepSeek-V3 stores it (with %lld "
+          "copies of shared tensors; transformers does not read the module)\n",
+          static_cast<long long>(m.n_layers), static_cast<long long>(mtp_copies));
     std::printf("  config.json        %s (%lld layers, d_model %lld, vocab %lld)\n",
                 m.mla() ? (m.n_routed_experts > 0 && m.moe.score == config::MoeScore::softmax
                                ? "DeepseekV2ForCausalLM"
