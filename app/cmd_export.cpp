@@ -123,12 +123,26 @@ int run_export(runtime::Runtime& rt, const Command& cmd) {
     const std::string config_text = model::hf_config_json(m, hf);
     const model::ParamStore& ps = *cm.params;
     std::vector<ckpt::StTensor> tensors;
-    for (std::size_t i = 0; i < ps.size(); ++i) {
+    const auto add = [&](const std::string& name, std::size_t i) {
       const model::ParamSpec& s = ps.spec(i);
       tensors.push_back(
-          {s.name,
+          {name,
            std::vector<std::int64_t>(s.shape.dims.begin(), s.shape.dims.begin() + s.shape.rank),
            ps.param(i).ptr<float>()});
+    };
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      add(ps.spec(i).name, i);
+    // The multi-token prediction module as DeepSeek-V3's checkpoints store their layer
+    // model.layers.<n_layers>: with copies of the embedding and of the output projection
+    // (embed_tokens, shared_head.head), which dstrain shares with the model. transformers
+    // does not build the module and leaves these tensors unread (docs/model.md).
+    std::int64_t mtp_copies = 0;
+    if (m.mtp_depth > 0) {
+      const std::string prefix = "model.layers." + std::to_string(m.n_layers) + ".";
+      add(prefix + "embed_tokens.weight", ps.index_of("model.embed_tokens.weight"));
+      add(prefix + "shared_head.head.weight",
+          ps.index_of(m.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+      mtp_copies = 2;
     }
     const std::map<std::string, std::string> st_meta{
         {"dstrain_checkpoint", fs::path(reader.path()).filename().string()},
@@ -144,6 +158,11 @@ int run_export(runtime::Runtime& rt, const Command& cmd) {
     std::printf("  model.safetensors  %zu tensors, %s parameters, %s, %s\n", tensors.size(),
                 model::format_count(static_cast<double>(ps.parameter_count())).c_str(),
                 o.dtype.c_str(), model::format_bytes(static_cast<double>(bytes)).c_str());
+    if (mtp_copies > 0)
+      std::printf(
+          "  MTP module         model.layers.%lld.* as DeepSeek-V3 stores it (with %lld "
+          "copies of shared tensors; transformers does not read the module)\n",
+          static_cast<long long>(m.n_layers), static_cast<long long>(mtp_copies));
     std::printf("  config.json        %s (%lld layers, d_model %lld, vocab %lld)\n",
                 m.mla() ? (m.n_routed_experts > 0 && m.moe.score == config::MoeScore::softmax
                                ? "DeepseekV2ForCausalLM"

@@ -395,6 +395,11 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
   check_mla(m, given, fallback);
   check_rope_scaling(m, given, fallback);
   check_moe(m, given, fallback);
+  // The MTP module predicts token t+2: a sequence of one token has no such target.
+  if (m.mtp_depth > 0 && c.data.seq_len < 2)
+    fail_combination(given, fallback, {"model.mtp_depth", "data.seq_len"},
+                     "model.mtp_depth " + s(m.mtp_depth) + " needs data.seq_len >= 2 (got " +
+                         s(c.data.seq_len) + "): the MTP module predicts the token after next");
   if (c.data.seq_len > m.max_seq_len)
     fail_combination(given, fallback, {"data.seq_len", "model.max_seq_len"},
                      "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
@@ -675,6 +680,12 @@ ModelSection with_moe(ModelSection m, std::int64_t routed, std::int64_t shared, 
   return m;
 }
 
+/// `m` with `depth` multi-token prediction modules (the V3 report's lambda 0.3 stays).
+ModelSection with_mtp(ModelSection m, std::int64_t depth) {
+  m.mtp_depth = depth;
+  return m;
+}
+
 const std::vector<Preset>& presets() {
   // Shapes of DeepSeek LLM 7B/67B from their published config.json files (67B uses 8
   // key/value heads: grouped-query attention); tiny and small are test-sized. The
@@ -697,15 +708,16 @@ const std::vector<Preset>& presets() {
                 1, 2, 224, 1, 1, 1, true, 1.0, MoeScore::sigmoid)},
       // DeepSeek-V2-Lite and DeepSeek-V3 from their published config.json files, at the
       // original 4K context with RoPE as pre-trained (model.rope_scaling.type yarn is the
-      // long-context option); V3's MTP module is not part of the model yet.
+      // long-context option). V3 has one MTP module (num_nextn_predict_layers 1).
       {"deepseek-v2-lite",
        with_moe(with_mla(make_model("deepseek-v2-lite", 102400, 2048, 27, 16, 16, 10944, 4096), 0,
                          512, 128, 64, 128),
                 64, 2, 6, 1408, 1, 1, 1, false, 1.0, MoeScore::softmax)},
-      {"deepseek-v3",
-       with_moe(with_mla(make_model("deepseek-v3", 129280, 7168, 61, 128, 128, 18432, 4096), 1536,
-                         512, 128, 64, 128),
-                256, 1, 8, 2048, 3, 8, 4, true, 2.5, MoeScore::sigmoid)},
+      {"deepseek-v3", with_mtp(with_moe(with_mla(make_model("deepseek-v3", 129280, 7168, 61, 128,
+                                                            128, 18432, 4096),
+                                                 1536, 512, 128, 64, 128),
+                                        256, 1, 8, 2048, 3, 8, 4, true, 2.5, MoeScore::sigmoid),
+                               1)},
   };
   return table;
 }

@@ -153,6 +153,11 @@ struct ModelSection {
   double routed_scaling_factor = 1.0;      ///< multiplies the routed experts' weights
   MoeSection moe;
 
+  // Multi-token prediction (DeepSeek-V3 report, 2.2): mtp_depth 1 adds one module after the
+  // main model that predicts the token after next (docs/model.md, "Multi-token prediction").
+  std::int64_t mtp_depth = 0;    ///< 0: none; 1: one MTP module (model.layers.<n_layers>.*)
+  double mtp_loss_weight = 0.3;  ///< lambda: loss = main + lambda x MTP loss (both means)
+
   /// Whether the blocks use multi-head latent attention.
   bool mla() const { return kv_lora_rank > 0; }
   /// Whether block `layer` (0-based) uses DeepSeekMoE instead of the dense MLP.

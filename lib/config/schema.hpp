@@ -243,6 +243,18 @@ void visit_model(V& v, S&... s) {
   v.field("model.moe.seq_aux_loss_alpha",
           Spec("Weight alpha of the sequence-wise balance loss; 0 disables.").at_least(0),
           s.moe.seq_aux_loss_alpha...);
+  v.field("model.mtp_depth",
+          Spec("Multi-token prediction modules (DeepSeek-V3): 0 = none; 1 = one more block over "
+               "[RMSNorm(Emb(t+1)); RMSNorm(h)] that predicts token t+2 through the shared "
+               "embedding and head (docs/model.md); generate skips it.")
+              .at_least(0)
+              .at_most(1),
+          s.mtp_depth...);
+  v.field("model.mtp_loss_weight",
+          Spec("Weight lambda of the MTP loss: the objective is the main loss + lambda x the MTP "
+               "loss, each a mean over its valid targets.")
+              .at_least(0),
+          s.mtp_loss_weight...);
 }
 
 template <class V, class... S>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,15 @@ struct DenseModel::Impl {
   std::vector<BlockActs> layer;
   Tensor tokens, targets;  // (N) i32
   HeadActs head;
+  // Multi-token prediction (model.mtp_depth 1): its record and scratch, its input tokens
+  // and targets on the host, its last loss sum and valid targets, and the weight of its
+  // token losses in the gradient relative to the main ones' (set_mtp_loss_scale).
+  MtpActs mtp;
+  MtpScratch mtp_scratch;
+  std::vector<std::int32_t> mtp_tokens_host, mtp_targets_host;
+  double mtp_loss = 0.0;
+  std::int64_t mtp_valid = 0;
+  double mtp_scale = 0.0;
   Rope rope;           // (T, D/2) RoPE tables
   Tensor d_x;          // (N, C) gradient of the residual stream
   BlockScratch block;  // backward scratch, shared by all blocks
@@ -60,10 +70,21 @@ struct DenseModel::Impl {
     for (std::int64_t l = 0; l < L; ++l)
       layer.push_back(net.block(l).take(acts, B, T, fused, recompute, shared));
     head = net.head().take(acts, N);
+    if (net.mtp()) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
 
     rope = Rope::take(work, T, net.block(0).head_dim());
     d_x = work.take("d_x", {N, C}, DType::f32);
     block = net.block(0).take_scratch(work, B, T, fused);
+    if (net.mtp()) mtp_scratch = net.mtp()->take_scratch(work, N);
+  }
+
+  /// Every DeepSeekMoE block with its record: the model's in order, then the MTP module's.
+  template <class F>
+  void each_moe(F&& f) const {
+    for (std::int64_t l = 0; l < L; ++l)
+      if (const Moe* m = net.block(l).moe()) f(*m, layer[static_cast<std::size_t>(l)]);
+    if (net.mtp())
+      if (const Moe* m = net.mtp()->block().moe()) f(*m, mtp.block);
   }
 
   void forward_pass(const std::int32_t* tok, const std::int32_t* tgt) {
@@ -72,26 +93,42 @@ struct DenseModel::Impl {
     net.embedding().forward(c, tokens, layer[0].x);
     net.forward_blocks(c, rope, B, T, layer, 0, L, head.x);
     net.head().forward(c, head.x, head.norm, head.logits);
+    if (const MultiTokenPrediction* p = net.mtp()) {
+      mtp_tokens_host.resize(static_cast<std::size_t>(N));
+      mtp_targets_host.resize(static_cast<std::size_t>(N));
+      MultiTokenPrediction::make_targets(tgt, B, T, mtp_tokens_host.data(),
+                                         mtp_targets_host.data());
+      const std::size_t bytes = static_cast<std::size_t>(N) * sizeof(std::int32_t);
+      tensor::copy(c.ctx, mtp.tokens.data, mtp_tokens_host.data(), bytes);
+      tensor::copy(c.ctx, mtp.targets.data, mtp_targets_host.data(), bytes);
+      p->forward(c, net.embedding(), rope, B, T, head.norm.out, mtp);
+    }
   }
 
   void backward_pass(const std::function<void(std::size_t)>& on_ready) {
     const OnReady ready = [&](std::size_t offset) {
       if (on_ready) on_ready(offset);
     };
-    // head.logits holds d(loss)/d(logits) (Head::loss_and_gradient wrote it in place).
-    net.head().backward(c, head, block.d_ln, d_x, ready);
+    // head.logits holds d(loss)/d(logits) (Head::loss_and_gradient wrote it in place). The
+    // MTP module first: its parameters come after the head's, and it adds to the gradient
+    // of the head's normalised output, which it reads.
+    if (const MultiTokenPrediction* p = net.mtp())
+      p->backward(c, net.embedding(), rope, B, T, head.norm.out, mtp, block, mtp_scratch, d_x,
+                  ready);
+    net.head().backward(c, head, block.d_ln, d_x, ready, net.mtp() ? mtp_scratch.d_main : Tensor{});
     net.backward_blocks(c, rope, B, T, layer, block, 0, L, d_x, ready);
     net.embedding().backward(c, tokens, d_x);
     ready(0);
   }
 
-  /// The loss sum over the targets that count (`tgt`: the host copy of targets). On a
-  /// device the N per-token losses come to the host first (a few KiB per micro-batch).
-  double sum_losses(const std::int32_t* tgt, std::int64_t* valid) {
-    const float* l = head.losses.ptr<float>();
+  /// The loss sum of `losses` (N) over the targets that count (`tgt`: the host copy of
+  /// their targets). On a device the N per-token losses come to the host first (a few KiB
+  /// per micro-batch).
+  double sum_losses(const Tensor& losses, const std::int32_t* tgt, std::int64_t* valid) {
+    const float* l = losses.ptr<float>();
     if (tensor::device_of(c.ctx) != tensor::Device::host) {
       host_losses.resize(static_cast<std::size_t>(N));
-      tensor::download(c.ctx, head.losses, host_losses.data());
+      tensor::download(c.ctx, losses, host_losses.data());
       l = host_losses.data();
     }
     const std::int32_t* t = tgt;
@@ -143,6 +180,7 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.L = m.n_layers;
   s.recompute = recompute;
   s.net.bind(*params_);
+  s.mtp_scale = m.mtp_loss_weight;
   // Latent attention has no fused core (its query/key and value widths differ).
   s.fused = !deterministic && !m.mla() &&
             kernels::fused_attention_supported(s.c.ctx, s.B, s.T, m.n_heads, m.n_kv_heads,
@@ -227,8 +265,8 @@ ModelMemory DenseModel::memory() const {
   mem.gradients = params_->buffer_elements() * sizeof(float);
   mem.activations = impl_->acts.used_bytes();
   // MoE blocks keep their routing on the host, outside the arenas (Moe::routing_bytes).
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (const Moe* m = impl_->net.block(l).moe()) mem.activations += m->routing_bytes(impl_->N);
+  impl_->each_moe(
+      [&](const Moe& m, const BlockActs&) { mem.activations += m.routing_bytes(impl_->N); });
   mem.recompute = impl_->recomputed.used_bytes();
   mem.workspace = impl_->work.used_bytes();
   return mem;
@@ -241,7 +279,11 @@ double DenseModel::forward(const std::int32_t* tokens, const std::int32_t* targe
   Impl& s = *impl_;
   s.forward_pass(tokens, targets);
   s.net.head().loss(s.c, s.head, s.targets);
-  const double loss = s.sum_losses(targets, valid_tokens);  // waits for the device
+  if (const MultiTokenPrediction* p = s.net.mtp()) {
+    p->loss(s.c, s.mtp);
+    s.mtp_loss = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &s.mtp_valid);
+  }
+  const double loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
   s.forward_s = seconds_since(t0);
   s.backward_s = 0.0;
   return loss;
@@ -255,8 +297,12 @@ double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32
   const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(tokens, targets);
   s.net.head().loss_and_gradient(s.c, s.head, s.targets, grad_scale);
+  if (const MultiTokenPrediction* p = s.net.mtp()) {
+    p->loss_and_gradient(s.c, s.mtp, grad_scale * static_cast<float>(s.mtp_scale));
+    s.mtp_loss = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &s.mtp_valid);
+  }
   s.c.aux_grad_scale = grad_scale * static_cast<float>(s.T);
-  const double loss = s.sum_losses(targets, valid_tokens);  // waits for the device
+  const double loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
   const auto t1 = std::chrono::steady_clock::now();
   s.forward_s = std::chrono::duration<double>(t1 - t0).count();
   s.backward_pass(on_ready);
@@ -278,42 +324,37 @@ tensor::Tensor DenseModel::logits() const {
 
 std::int64_t DenseModel::moe_blocks() const {
   std::int64_t n = 0;
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    n += impl_->net.block(l).moe() ? 1 : 0;
+  impl_->each_moe([&](const Moe&, const BlockActs&) { ++n; });
   return n;
 }
 
 std::int64_t DenseModel::moe_experts() const {
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (const Moe* m = impl_->net.block(l).moe()) return m->experts();
-  return 0;
+  std::int64_t e = 0;
+  impl_->each_moe([&](const Moe& m, const BlockActs&) { e = m.experts(); });
+  return e;
 }
 
 double DenseModel::last_aux_loss() const {
   double sum = 0.0;
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (impl_->net.block(l).moe() && impl_->layer[static_cast<std::size_t>(l)].moe.routing)
-      sum += impl_->layer[static_cast<std::size_t>(l)].moe.routing->aux_loss;
+  impl_->each_moe([&](const Moe&, const BlockActs& a) {
+    if (a.moe.routing) sum += a.moe.routing->aux_loss;
+  });
   return sum;
 }
 
 std::vector<double> DenseModel::moe_loads() const {
   std::vector<double> out;
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (impl_->net.block(l).moe()) {
-      const auto& r = impl_->layer[static_cast<std::size_t>(l)].moe.routing;
-      if (!r) throw Error("model: moe_loads() on a model built only to plan");
-      out.insert(out.end(), r->load.begin(), r->load.end());
-    }
+  impl_->each_moe([&](const Moe&, const BlockActs& a) {
+    if (!a.moe.routing) throw Error("model: moe_loads() on a model built only to plan");
+    out.insert(out.end(), a.moe.routing->load.begin(), a.moe.routing->load.end());
+  });
   return out;
 }
 
 void DenseModel::reset_moe_loads() {
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (impl_->net.block(l).moe() && impl_->layer[static_cast<std::size_t>(l)].moe.routing) {
-      auto& load = impl_->layer[static_cast<std::size_t>(l)].moe.routing->load;
-      std::fill(load.begin(), load.end(), 0.0);
-    }
+  impl_->each_moe([&](const Moe&, const BlockActs& a) {
+    if (a.moe.routing) std::fill(a.moe.routing->load.begin(), a.moe.routing->load.end(), 0.0);
+  });
 }
 
 void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) {
@@ -322,29 +363,49 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
     throw Error("model: update_moe_bias needs " + std::to_string(moe_blocks() * E) +
                 " expert loads, got " + std::to_string(loads.size()));
   std::size_t at = 0;
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (const Moe* m = impl_->net.block(l).moe()) {
-      m->update_bias(*params_,
-                     std::vector<double>(loads.begin() + static_cast<std::ptrdiff_t>(at),
-                                         loads.begin() + static_cast<std::ptrdiff_t>(at + E)),
-                     rate);
-      at += static_cast<std::size_t>(E);
-    }
+  impl_->each_moe([&](const Moe& m, const BlockActs&) {
+    m.update_bias(*params_,
+                  std::vector<double>(loads.begin() + static_cast<std::ptrdiff_t>(at),
+                                      loads.begin() + static_cast<std::ptrdiff_t>(at + E)),
+                  rate);
+    at += static_cast<std::size_t>(E);
+  });
   refresh_compute_params();
 }
 
 std::vector<float> DenseModel::moe_bias() const {
   std::vector<float> out;
-  for (std::int64_t l = 0; l < impl_->L; ++l)
-    if (const Moe* m = impl_->net.block(l).moe()) {
-      if (!m->has_bias()) {
-        out.insert(out.end(), static_cast<std::size_t>(m->experts()), 0.0f);
-        continue;
-      }
-      const tensor::Tensor b = params_->param(m->bias_index());
-      out.insert(out.end(), b.ptr<float>(), b.ptr<float>() + b.numel());
+  impl_->each_moe([&](const Moe& m, const BlockActs&) {
+    if (!m.has_bias()) {
+      out.insert(out.end(), static_cast<std::size_t>(m.experts()), 0.0f);
+      return;
     }
+    const tensor::Tensor b = params_->param(m.bias_index());
+    out.insert(out.end(), b.ptr<float>(), b.ptr<float>() + b.numel());
+  });
   return out;
+}
+
+bool DenseModel::has_mtp() const {
+  return impl_->net.mtp() != nullptr;
+}
+
+double DenseModel::last_mtp_loss() const {
+  return impl_->mtp_loss;
+}
+
+std::int64_t DenseModel::last_mtp_tokens() const {
+  return impl_->mtp_valid;
+}
+
+void DenseModel::set_mtp_loss_scale(double ratio) {
+  if (!(ratio >= 0.0) || !std::isfinite(ratio))
+    throw Error("model: the MTP loss scale must be finite and >= 0, got " + std::to_string(ratio));
+  impl_->mtp_scale = ratio;
+}
+
+tensor::Tensor DenseModel::mtp_logits() const {
+  return impl_->mtp.head.logits;
 }
 
 }  // namespace dst::model

@@ -135,6 +135,26 @@ class DenseModel {
   void update_moe_bias(const std::vector<double>& loads, double rate);
   /// The correction biases (moe_blocks() x moe_experts()), block-major (metrics).
   std::vector<float> moe_bias() const;
+  // The MoE functions above count the multi-token prediction module's block, when it is an
+  // MoE block, after the model's blocks.
+
+  // --- multi-token prediction (model.mtp_depth 1, layers/multi_token_prediction.hpp) ------
+  bool has_mtp() const;
+  /// The MTP module's loss of the last forward: the sum of its per-token losses over its
+  /// valid targets (tokens t+2), and their count. forward() and forward_backward() compute
+  /// it along with the main loss, which they return (it is not part of that sum).
+  double last_mtp_loss() const;
+  std::int64_t last_mtp_tokens() const;
+  /// The weight of each MTP token's loss in forward_backward's gradients, relative to a main
+  /// token's: the gradients are those of grad_scale x (main loss sum + ratio x MTP loss
+  /// sum). Starts at model.mtp_loss_weight; the trainer sets mtp_loss_weight x (main target
+  /// tokens / MTP target tokens of the global batch) each step, so that the objective is
+  /// the main mean + mtp_loss_weight x the MTP mean. Throws dst::Error for a negative or
+  /// non-finite ratio.
+  void set_mtp_loss_scale(double ratio);
+  /// The MTP module's logits (B*T, V) of the last forward() (its gradient after
+  /// forward_backward); empty without the module.
+  tensor::Tensor mtp_logits() const;
 
  private:
   struct Impl;

@@ -89,6 +89,8 @@ std::string hf_deepseek_config_json(const config::ModelSection& m, const HfConfi
   j["topk_group"] = m.topk_group;
   j["norm_topk_prob"] = m.norm_topk_prob;
   j["routed_scaling_factor"] = m.routed_scaling_factor;
+  // V3's config names its multi-token prediction modules so (the released checkpoints: 1).
+  if (!v2) j["num_nextn_predict_layers"] = m.mtp_depth;
   if (v2) {
     j["topk_method"] = m.n_group > 1 ? "group_limited_greedy" : "greedy";
   } else {

@@ -54,6 +54,14 @@ ParamCount count_parameters(const config::ModelSection& m) {
     dense_layers = m.first_k_dense_replace;
   }
   p.layers = p.per_layer * dense_layers + p.per_moe_layer * p.moe_layers;
+  if (m.mtp_depth > 0) {
+    // Its block is the last block's kind (model.layers.<n_layers>: an MoE block whenever
+    // the model has DeepSeekMoE, as first_k_dense_replace < n_layers).
+    const bool moe = m.n_routed_experts > 0;
+    const std::int64_t own = 3 * C /* enorm, hnorm, shared_head.norm */ + 2 * C * C /* eh_proj */;
+    p.mtp = m.mtp_depth * (own + (moe ? p.per_moe_layer : p.per_layer));
+    p.mtp_active = m.mtp_depth * (own + (moe ? p.per_moe_layer_active : p.per_layer));
+  }
   p.final_norm = C;
   p.head = m.tie_embeddings ? 0 : m.vocab_size * C;  // (V, C)
   return p;
@@ -78,17 +86,20 @@ double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_
   // The project's one definition of model FLOPs (MFU uses it): 6 FLOPs per active
   // non-embedding parameter per token (a multiply-add forward, two backward), output head
   // included even when it is tied to the embedding, plus attention scores and values.
+  // The MTP module runs the shared output projection a second time (V x C each).
   const double non_embedding = static_cast<double>(p.active() - p.embedding) +
-                               (m.tie_embeddings ? static_cast<double>(p.embedding) : 0.0);
+                               (m.tie_embeddings ? static_cast<double>(p.embedding) : 0.0) +
+                               static_cast<double>(m.mtp_depth * m.vocab_size * m.d_model);
   const AttentionWidths w = attention_widths(m);
-  const double attention =
-      6.0 * static_cast<double>(m.n_layers) * static_cast<double>(seq_len) * (w.qk + w.v);
+  const double attention = 6.0 * static_cast<double>(m.n_layers + m.mtp_depth) *
+                           static_cast<double>(seq_len) * (w.qk + w.v);
   return 6.0 * non_embedding + attention;
 }
 
 double recompute_flops_per_token(const config::ModelSection& m, std::int64_t seq_len,
                                  config::Recompute recompute) {
-  const double L = static_cast<double>(m.n_layers), T = static_cast<double>(seq_len);
+  // The MTP module's block is recomputed like the model's.
+  const double L = static_cast<double>(m.n_layers + m.mtp_depth), T = static_cast<double>(seq_len);
   const AttentionWidths w = attention_widths(m);
   switch (recompute) {
     case config::Recompute::none:
@@ -98,8 +109,10 @@ double recompute_flops_per_token(const config::ModelSection& m, std::int64_t seq
     case config::Recompute::full: {  // the blocks' forward again: a third of their training
       const ParamCount p = count_parameters(m);
       // A token runs its top-k routed experts only: the blocks' active parameters.
-      const double active_layers = static_cast<double>(p.per_layer * (m.n_layers - p.moe_layers) +
-                                                       p.per_moe_layer_active * p.moe_layers);
+      const bool mtp_moe = m.n_routed_experts > 0;
+      const double active_layers = static_cast<double>(
+          p.per_layer * (m.n_layers - p.moe_layers) + p.per_moe_layer_active * p.moe_layers +
+          m.mtp_depth * (mtp_moe ? p.per_moe_layer_active : p.per_layer));
       return 2.0 * active_layers + 2.0 * L * T * (w.qk + w.v);
     }
   }
@@ -222,8 +235,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
           static_cast<double>(mem.parameters), 1.0);
     }
     // Loss sum, tokens, non-finite flag, stop requests (4 doubles); ZeRO: the squared
-    // gradient norm of each shard too.
-    add("all-reduce of the step's scalars", options.zero_stage == 0 ? 32.0 : 40.0, 2.0);
+    // gradient norm of each shard too; an MTP module: its loss sum, and before the
+    // micro-batches the global batch's main and MTP target counts (2 doubles).
+    add("all-reduce of the step's scalars",
+        (options.zero_stage == 0 ? 32.0 : 40.0) + (m.mtp_depth > 0 ? 8.0 : 0.0), 2.0);
+    if (m.mtp_depth > 0) add("all-reduce of the step's target counts (MTP loss weight)", 16.0, 2.0);
   }
 
   // The step's time on the host kind's rates: every executed FLOP at the matrix-product
@@ -293,7 +309,9 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
           std::to_string(c.model.n_layers - p.moe_layers) + " x " +
           format_count(static_cast<double>(p.per_layer)) +
           (p.moe_layers > 0 ? " per dense layer" : " per layer") + ", head " +
-          (p.head ? format_count(static_cast<double>(p.head)) : std::string("tied")) + ")");
+          (p.head ? format_count(static_cast<double>(p.head)) : std::string("tied")) +
+          (p.mtp ? ", MTP module " + format_count(static_cast<double>(p.mtp)) : std::string()) +
+          ")");
   if (p.moe_layers > 0)
     row("active parameters", format_count(static_cast<double>(p.active())),
         "(" + std::to_string(p.active()) + " per token: " + std::to_string(p.moe_layers) +

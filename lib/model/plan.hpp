@@ -27,13 +27,19 @@ struct ParamCount {
   std::int64_t layers = 0;      ///< per_layer x dense blocks + per_moe_layer x moe_layers
   std::int64_t final_norm = 0;  ///< (C)
   std::int64_t head = 0;        ///< (V, C) output head; 0 when tied to the embedding
+  /// The multi-token prediction module (model.mtp_depth 1; 0 without): enorm, hnorm and
+  /// shared_head.norm (3 C), eh_proj (C, 2C) and one block of the model's last block's kind
+  /// (per_moe_layer or per_layer). Its embedding and output projection are the model's.
+  std::int64_t mtp = 0;
+  /// What one token uses of it: mtp less, for an MoE block, the skipped experts and the bias.
+  std::int64_t mtp_active = 0;
   /// Every parameter of the layout (the routers' e_score_correction_bias included: it is
   /// stored with the parameters, but moved by the balancing rule, not by gradients).
-  std::int64_t total() const { return embedding + layers + final_norm + head; }
+  std::int64_t total() const { return embedding + layers + final_norm + head + mtp; }
   /// The parameters one token's forward uses: total() less, in each MoE block, the routed
   /// experts it is not sent to and the correction bias. total() for a dense model.
   std::int64_t active() const {
-    return total() - moe_layers * (per_moe_layer - per_moe_layer_active);
+    return total() - moe_layers * (per_moe_layer - per_moe_layer_active) - (mtp - mtp_active);
   }
 };
 
@@ -137,7 +143,10 @@ ParamCount count_parameters(const config::ModelSection& m);
 /// published ones). Dense attention: both widths are d_model, 12 x L x T x C. Multi-head
 /// latent attention: H x (qk_nope + qk_rope) and H x v_head_dim, as the expanded heads
 /// compute them in training. An MoE block counts the parameters a token uses (ParamCount::
-/// active: router, shared and top-k routed experts), not the experts it skips.
+/// active: router, shared and top-k routed experts), not the experts it skips. The
+/// multi-token prediction module (model.mtp_depth 1) is model computation too: its
+/// parameters (in active()), the shared output head's second product (V x C more) and its
+/// block's attention (n_layers + 1 blocks of attention).
 double training_flops_per_token(const config::ModelSection& m, std::int64_t seq_len);
 
 /// FLOPs per token training.recompute adds to the training FLOPs (see Plan).

@@ -11,6 +11,7 @@ Transformer::Transformer(const config::ModelSection& m)
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
     blocks_.emplace_back(m, l);
+  if (m.mtp_depth > 0) mtp_.emplace(m);
 }
 
 std::vector<ParamSpec> Transformer::parameter_layout() const {
@@ -19,6 +20,7 @@ std::vector<ParamSpec> Transformer::parameter_layout() const {
   for (const Block& b : blocks_)
     b.declare(specs);
   head_.declare(specs);
+  if (mtp_) mtp_->declare(specs);
   return specs;
 }
 
@@ -27,6 +29,7 @@ void Transformer::bind(const ParamStore& params) {
   for (Block& b : blocks_)
     b.bind(params);
   head_.bind(params);
+  if (mtp_) mtp_->bind(params);
 }
 
 namespace {

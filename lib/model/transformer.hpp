@@ -2,12 +2,14 @@
 /// \file transformer.hpp
 /// The dense decoder's layers in order: an embedding, n_layers blocks and a head
 ///   embedding -> blocks [0, L) -> head (final norm, lm head, loss)
-/// with the parameter layout they declare, and the forward and backward of a range of
-/// blocks [first, last): what a pipeline stage runs. DenseModel (training) and Decoder
-/// (KV-cache inference) compute through the same layers; each owns its buffers.
+/// (with model.mtp_depth 1 a multi-token prediction module after the head, which training
+/// runs and generation skips), with the parameter layout they declare, and the forward and backward
+/// of a range of blocks [first, last): what a pipeline stage runs. DenseModel (training) and
+/// Decoder (KV-cache inference) compute through the same layers; each owns its buffers.
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/run_config.hpp"
@@ -16,6 +18,7 @@
 #include "model/layers/embedding.hpp"
 #include "model/layers/head.hpp"
 #include "model/layers/layer.hpp"
+#include "model/layers/multi_token_prediction.hpp"
 #include "model/param_store.hpp"
 
 namespace dst::model {
@@ -33,6 +36,8 @@ class Transformer {
   const Block& block(std::int64_t l) const { return blocks_[static_cast<std::size_t>(l)]; }
   std::int64_t n_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
   const Head& head() const { return head_; }
+  /// The multi-token prediction module (model.mtp_depth 1); nullptr without one.
+  const MultiTokenPrediction* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
 
   /// Blocks [first, last) forward over B sequences of T tokens: block l reads acts[l].x
   /// and writes the next block's input acts[l + 1].x, the last one `out` (N, C).
@@ -51,6 +56,7 @@ class Transformer {
   Embedding embedding_;
   std::vector<Block> blocks_;
   Head head_;
+  std::optional<MultiTokenPrediction> mtp_;  // declared after the head
 };
 
 }  // namespace dst::model

@@ -91,6 +91,7 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
   j["skipped"] = s.skipped;
   j["skipped_total"] = skipped_total;
   if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;  // fp16 only
+  if (s.mtp) j["mtp_loss"] = s.mtp_loss;                 // multi-token prediction only
   if (!s.moe.empty()) {  // DeepSeekMoE: the balance loss and each MoE block's balance
     j["aux_loss"] = s.aux_loss;
     nlohmann::json blocks = nlohmann::json::array();
@@ -106,6 +107,8 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
   write(j.dump());
   char scale[48] = "";
   if (s.loss_scale > 0) std::snprintf(scale, sizeof scale, " | scale %g", s.loss_scale);
+  char mtp[40] = "";
+  if (s.mtp) std::snprintf(mtp, sizeof mtp, " | mtp %.4f", s.mtp_loss);
   char moe[64] = "";
   if (!s.moe.empty()) {  // the least balanced MoE block
     double worst = 0.0;
@@ -123,7 +126,7 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
                 s.overflow  ? " | SKIPPED (fp16 overflow, loss scale halved)"
                 : s.skipped ? " | SKIPPED (non-finite gradients)"
                             : "");
-  return std::string(line) + moe;
+  return std::string(line) + mtp + moe;
 }
 
 std::string MetricsLog::eval(std::int64_t step, double loss, std::int64_t tokens) {

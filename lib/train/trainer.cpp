@@ -279,6 +279,26 @@ StepStats Trainer::step() {
   faults_.straggle();
   st.t_data = since(t0);
   samples_seen_ += static_cast<std::uint64_t>(layout_.global_batch_size);
+  // Multi-token prediction: the objective is the main mean + mtp_loss_weight x the MTP
+  // mean over the global batch; the model's gradients are of loss sums, scaled by
+  // 1 / (main target tokens) below, so each MTP token weighs mtp_loss_weight x main tokens
+  // / MTP tokens (global counts: one all-reduce of two doubles, exact integers).
+  double mtp_tokens = 0.0;
+  if (model_->has_mtp()) {
+    double counts[2] = {0.0, 0.0};  // main targets s[t+1], MTP targets s[t+2] (t < T - 1)
+    for (std::size_t r = 0; r < batch_.size() / sample_len; ++r) {
+      const std::int32_t* row = batch_.data() + r * sample_len;
+      for (std::int64_t t = 1; t <= T; ++t) {
+        if (row[t] == model::kIgnoreIndex) continue;
+        counts[0] += 1.0;
+        if (t >= 2) counts[1] += 1.0;
+      }
+    }
+    groups_.data->allreduce(counts, 2, DType::f64, comm::ReduceOp::sum);
+    mtp_tokens = counts[1];
+    model_->set_mtp_loss_scale(counts[1] > 0.0 ? cfg_.model.mtp_loss_weight * counts[0] / counts[1]
+                                               : 0.0);
+  }
 
   // --- forward + backward, gradients summed locally; buckets start on the last one
   // ZeRO stage 2 over MPI: zeroed by returning the buffer's pages (resident again only
@@ -308,6 +328,7 @@ StepStats Trainer::step() {
   st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
   double loss_sum = 0.0;
   double aux_sum = 0.0;  // DeepSeekMoE's balance loss, summed over sequences and blocks
+  double mtp_sum = 0.0;  // the MTP module's loss sum
   std::int64_t valid = 0;
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
   for (std::size_t m = 0; m < micro_batches; ++m) {
@@ -322,6 +343,7 @@ StepStats Trainer::step() {
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
     valid += v;
     aux_sum += model_->last_aux_loss();
+    mtp_sum += model_->last_mtp_loss();
     st.t_forward += model_->last_forward_seconds();
     st.t_backward += model_->last_backward_seconds();
   }
@@ -329,10 +351,13 @@ StepStats Trainer::step() {
 
   // --- the global loss: mean over every target token of every rank (one all-reduce)
   // ... and, in the same all-reduce, whether any rank was asked to stop (a signal).
-  double sums[4] = {loss_sum, static_cast<double>(valid),
+  // (With an MTP module, its loss sum as a fifth.)
+  double sums[5] = {loss_sum, static_cast<double>(valid),
                     buckets.first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
-                    runtime::stop_signal() != 0 ? 1.0 : 0.0};
-  groups_.data->allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+                    runtime::stop_signal() != 0 ? 1.0 : 0.0, mtp_sum};
+  groups_.data->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
+  st.mtp = model_->has_mtp();
+  st.mtp_loss = mtp_tokens > 0.0 ? sums[4] / mtp_tokens : 0.0;
   st.stop_ranks = static_cast<int>(sums[3]);
   st.tokens = static_cast<std::int64_t>(sums[1]);
   st.loss = st.tokens > 0 ? sums[0] / sums[1] : 0.0;

@@ -54,6 +54,11 @@ struct StepStats {
   /// and 0 for a dense model.
   double aux_loss = 0.0;
   std::vector<MoeBalance> moe;
+  /// Multi-token prediction (model.mtp_depth 1): `mtp` true and `mtp_loss` the MTP module's
+  /// loss, mean over the global batch's valid t+2 targets (not part of `loss`; the
+  /// gradient is that of loss + model.mtp_loss_weight x mtp_loss).
+  bool mtp = false;
+  double mtp_loss = 0.0;
   // phase timers (this rank, seconds)
   double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
 };

@@ -29,7 +29,9 @@ Then the parameter counts of the deepseek-v2-lite and deepseek-v3 presets: our l
 against transformers' models built on the meta device (nothing allocated), parameters plus
 the routers' e_score_correction_bias buffers (which we store with the parameters); and the
 active parameters (plan.hpp's closed form) against transformers' parameters less the
-routed experts a token skips (n_routed - top-k per MoE block).
+routed experts a token skips (n_routed - top-k per MoE block). The deepseek-v3 preset's
+multi-token prediction module is counted apart (transformers builds none): one of
+transformers' MoE decoder layers plus its norms and eh_proj.
 
 usage: deepseek_parity.py MODEL_DUMP WORKDIR
 """
@@ -311,15 +313,18 @@ def run_case(dump, workdir, name, sets, batch, seq):
     return [f"{name}: {p}" for p in problems]
 
 
-def count_ours(dump, preset):
-    return int(subprocess.run([dump, "--count", "--set", f"model.preset={preset}"],
-                              check=True, capture_output=True, text=True).stdout)
+def count_ours(dump, preset, *sets):
+    args = [dump, "--count", "--set", f"model.preset={preset}"]
+    for x in sets:
+        args += ["--set", x]
+    return int(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
 
 
 def check_counts(dump):
     problems = []
     for preset, (config_cls, model_cls, kw) in PRESETS.items():
-        ours = count_ours(dump, preset)
+        # transformers builds no multi-token prediction module: the main model's count.
+        ours = count_ours(dump, preset, "model.mtp_depth=0")
         with torch.device("meta"):
             model = model_cls(config_cls(**kw))
         params = sum(p.numel() for p in model.parameters())
@@ -327,7 +332,8 @@ def check_counts(dump):
         routed = kw["n_routed_experts"] - kw["num_experts_per_tok"]
         moe_layers = kw["num_hidden_layers"] - kw["first_k_dense_replace"]
         skipped = moe_layers * routed * 3 * kw["hidden_size"] * kw["moe_intermediate_size"]
-        active = int(subprocess.run([dump, "--count-active", "--set", f"model.preset={preset}"],
+        active = int(subprocess.run([dump, "--count-active", "--set", f"model.preset={preset}",
+                                     "--set", "model.mtp_depth=0"],
                                     check=True, capture_output=True, text=True).stdout)
         print(f"{preset}: parameters ours {ours}, transformers {params + bias} "
               f"({params} + {bias} correction bias); active ours {active}, "
@@ -336,6 +342,22 @@ def check_counts(dump):
             problems.append(f"{preset}: parameter count {ours} != transformers {params + bias}")
         if active != params - skipped:
             problems.append(f"{preset}: active parameters {active} != {params - skipped}")
+        if preset == "deepseek-v3":
+            # Its MTP module (the preset's mtp_depth 1): enorm, hnorm, shared_head.norm,
+            # eh_proj (C, 2C) and one MoE decoder layer as transformers builds it (with its
+            # correction bias); V3's checkpoint also stores copies of the embedding and head.
+            C = kw["hidden_size"]
+            layer = model.model.layers[-1]
+            block = sum(p.numel() for p in layer.parameters()) + \
+                sum(b.numel() for n, b in layer.named_buffers() if "e_score_correction_bias" in n)
+            want = 3 * C + 2 * C * C + block
+            mtp = count_ours(dump, preset) - ours
+            copies = 2 * kw["vocab_size"] * C
+            print(f"{preset}: MTP module ours {mtp}, transformers' layer + norms + eh_proj {want}"
+                  f" ({mtp + copies} with V3's copies of the embedding and head; the whole "
+                  f"checkpoint {ours + mtp + copies})")
+            if mtp != want:
+                problems.append(f"{preset}: MTP module {mtp} != {want}")
     return problems
 
 

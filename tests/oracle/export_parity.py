@@ -66,6 +66,19 @@ CASES = {
                          "model.rope_scaling.original_max_seq_len=16",
                          "model.rope_scaling.mscale_all_dim=1"],
                         ["--tokenizer-name", "byte260"], 2, 24),
+    # DeepSeek-V3 with its multi-token prediction module (model.mtp_depth 1): exported as
+    # V3's checkpoints store layer n_layers (its own tensors plus copies of the embedding
+    # and the head, config num_nextn_predict_layers 1); transformers loads the model and
+    # leaves the module unread, and the logits are the main model's.
+    "deepseek_v3_mtp": (["model.vocab_size=260", "model.d_model=64", "model.n_layers=2",
+                         "model.n_heads=4", "model.n_kv_heads=4", "model.ffn_dim=96",
+                         "model.max_seq_len=32", "model.kv_lora_rank=16",
+                         "model.qk_nope_head_dim=12", "model.qk_rope_head_dim=8",
+                         "model.v_head_dim=10", "model.n_routed_experts=8",
+                         "model.n_shared_experts=1", "model.num_experts_per_tok=2",
+                         "model.moe_intermediate_size=24", "model.first_k_dense_replace=1",
+                         "model.mtp_depth=1"],
+                        ["--tokenizer-name", "byte260"], 2, 24),
     # DeepSeek-V2's softmax router: DeepseekV2ForCausalLM.
     "deepseek_v2_moe": (["model.vocab_size=260", "model.d_model=64", "model.n_layers=2",
                          "model.n_heads=4", "model.n_kv_heads=4", "model.ffn_dim=96",
@@ -144,6 +157,17 @@ def run_case(dstrain, tool, workdir, tokenizer, name, sets, extra, batch, seq):
             exported16[k] = f.get_tensor(k)
     with h5py.File(ckpt, "r") as h:
         stored = {k: np.array(h["params"][k]) for k in h["params"]}
+    deck_sets = dict(x.split("=", 1) for x in sets)
+    if deck_sets.get("model.mtp_depth", "0") == "1":
+        # V3's layout of the MTP layer: copies of the shared embedding and head.
+        mtp = f"model.layers.{deck_sets['model.n_layers']}."
+        for copy, of in ((mtp + "embed_tokens.weight", "model.embed_tokens.weight"),
+                         (mtp + "shared_head.head.weight", "lm_head.weight")):
+            if copy not in exported or not np.array_equal(exported[copy], stored[of]):
+                problems.append(f"{copy}: not exported as a copy of {of}")
+            stored[copy] = stored[of]
+        if not any(k.startswith(mtp + "eh_proj") for k in exported):
+            problems.append("the MTP module's eh_proj is not exported")
     if sorted(exported) != sorted(stored):
         problems.append(f"tensor names differ: exported {sorted(exported)} vs {sorted(stored)}")
     for k, v in stored.items():
@@ -186,6 +210,7 @@ def run_case(dstrain, tool, workdir, tokenizer, name, sets, extra, batch, seq):
         want["routed_scaling_factor"] = float(deck.get("routed_scaling_factor", "1.0"))
         if not v2:
             want["rope_interleave"] = True
+            want["num_nextn_predict_layers"] = int(deck.get("mtp_depth", "0"))
             want["norm_topk_prob"] = deck.get("norm_topk_prob", "true") == "true"
     arch = ("DeepseekV2ForCausalLM" if want["model_type"] == "deepseek_v2" else
             "DeepseekV3ForCausalLM") if deepseek else "LlamaForCausalLM"

@@ -1,6 +1,7 @@
 #include "model/layers/head.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "blas/gemm.hpp"
 #include "kernels/kernels.hpp"
@@ -18,9 +19,16 @@ Head::Head(const config::ModelSection& m)
       vocab_(m.vocab_size),
       dim_(m.d_model) {}
 
+Head::Head(const config::ModelSection& m, std::string norm_name)
+    : norm_(std::move(norm_name), m.d_model, static_cast<float>(m.norm_eps)),
+      tied_(m.tie_embeddings),
+      shared_(true),
+      vocab_(m.vocab_size),
+      dim_(m.d_model) {}
+
 void Head::declare(std::vector<ParamSpec>& specs) const {
   norm_.declare(specs);
-  if (!tied_)
+  if (!tied_ && !shared_)
     add_param(specs, kHeadName, {vocab_, dim_}, Init::normal, kInitStd, true, Split::vocab);
 }
 
@@ -56,16 +64,22 @@ void Head::loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::
 }
 
 void Head::backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
-                    const tensor::Tensor& d_x, const OnReady& ready) const {
+                    const tensor::Tensor& d_x, const OnReady& ready,
+                    const tensor::Tensor& d_out) const {
   // Weight gradients accumulate in fp32 (the ParamStore's gradient buffer); the
   // activation gradients that feed matrix products are stored (Compute::store) like the
   // forward's activations, which is where fp16 needs the loss scale.
   c.store(a.logits);
   blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
+  if (!d_out.empty()) kernels::add(c.ctx, d_ln, d_out, d_ln);
   kernels::zero(c.ctx, d_x);
   norm_.backward(c, d_ln, a.x, a.norm, d_x);
-  // Tied: the head's gradient is the embedding's, final only at the very end.
-  if (!tied_) ready(std::min(c.offset(norm_.weight()), c.offset(head_)));
+  // Tied: the head's gradient is the embedding's, final only at the very end. Shared: the
+  // projection's gradient is the model head's, final after that head's backward.
+  if (shared_)
+    ready(c.offset(norm_.weight()));
+  else if (!tied_)
+    ready(std::min(c.offset(norm_.weight()), c.offset(head_)));
 }
 
 }  // namespace dst::model

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "config/run_config.hpp"
@@ -27,10 +28,15 @@ struct HeadActs {
 
 class Head {
  public:
+  /// The model's head: model.norm.weight and lm_head.weight (or the tied embedding).
   explicit Head(const config::ModelSection& m);
+  /// A head with its own final norm named `norm_name` that shares the model's projection
+  /// (lm_head.weight, or the tied embedding): the multi-token prediction module's
+  /// shared_head. It declares only its norm.
+  Head(const config::ModelSection& m, std::string norm_name);
 
   /// model.norm.weight, then lm_head.weight (V, C) split by vocabulary rows unless the
-  /// embeddings are tied.
+  /// embeddings are tied (or the projection is shared).
   void declare(std::vector<ParamSpec>& specs) const;
   void bind(const ParamStore& params);
 
@@ -46,14 +52,19 @@ class Head {
   void loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::Tensor& targets,
                          float grad_scale) const;
   /// d_x (N, C) = d(loss)/d(a.x) (written) from the gradient in a.logits; accumulates the
-  /// weights' gradients, using d_ln (N, C) as scratch. Calls ready() when the head's own
-  /// gradients are final (not when tied: the embedding's backward adds to them).
+  /// weights' gradients, using d_ln (N, C) as scratch. `d_out` (N, C), if not empty, is
+  /// a further d(loss)/d(a.norm.out) from another reader of the normalised output (the
+  /// multi-token prediction module), added before the norm's backward. Calls ready() when
+  /// the head's own gradients are final (not when tied: the embedding's backward adds to
+  /// them; a shared projection: only its norm, which the model's head does not touch).
   void backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
-                const tensor::Tensor& d_x, const OnReady& ready) const;
+                const tensor::Tensor& d_x, const OnReady& ready,
+                const tensor::Tensor& d_out = {}) const;
 
  private:
   RmsNorm norm_;
   bool tied_;
+  bool shared_ = false;  ///< the projection is the model's head (declared there)
   std::int64_t vocab_, dim_;
   std::size_t head_ = 0;
 };

@@ -22,6 +22,7 @@ MODE
              the file; with the manifest rewritten to match, the tensor checksum names the
              tensor; `auto` falls back to the previous checkpoint and says so.
   deck       resuming with another model.d_model: exit 3 with a message listing the key.
+  mtp-N      moe-N with a multi-token prediction module (model.mtp_depth 1)
   moe-N      resume-N for a DeepSeek-V2/V3 model (latent attention, DeepSeekMoE with the
              balance loss and a fast bias update): losses, parameters (the routers'
              correction biases included, which must have moved) and moments bit-identical;
@@ -210,6 +211,51 @@ def mode_moe(c, ranks):
     print(f"moe resume on {ranks} ranks: steps 11-20 bit-identical to the straight run: "
           f"{STEPS} losses, {n} tensors (bias range {bias.min():.3f} .. {bias.max():.3f}); "
           f"loss {first:.3f} -> {last:.3f}")
+
+
+def mtp_records(run_dir):
+    """{step: raw JSON text of mtp_loss} of every step record (None where absent)."""
+    out = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "step":
+                m = re.search(r'"mtp_loss":([^,}]*)', line)
+                out[rec["step"]] = m.group(1) if m else None
+    return out
+
+
+def mode_mtp(c, ranks):
+    """moe-N with a multi-token prediction module (model.mtp_depth 1): its block is an MoE
+    block with its own correction bias; the MTP loss is part of the resumed state's bits."""
+    sets = MOE + ["model.mtp_depth=1"]
+    c.train(ranks, "straight", sets)
+    c.train(ranks, "interrupted", sets + ["training.stop_at_step=10"])
+    part = os.path.join(c.work, "interrupted")
+    out = c.train(ranks, "interrupted", sets)
+    expect_resumed(out, ckpt(part, 10), 10, 10, "mtp resume")
+    straight = os.path.join(c.work, "straight")
+    same_losses(step_records(straight), step_records(part), range(1, STEPS + 1), "mtp resume")
+    mtp_a, mtp_b = mtp_records(straight), mtp_records(part)
+    if any(mtp_a.get(s) is None for s in range(1, STEPS + 1)):
+        fail("every step record of an MTP model should carry mtp_loss")
+    same_losses(mtp_a, mtp_b, range(1, STEPS + 1), "mtp resume (mtp_loss)")
+    n = same_state(ckpt(straight, 20), ckpt(part, 20), "mtp resume")
+    state = tensors(ckpt(part, 20))
+    bias = state["params/model.layers.2.mlp.gate.e_score_correction_bias"]  # the MTP block's
+    if not np.any(bias != 0):
+        fail("the MTP block's correction bias did not move in 20 steps")
+    if "params/model.layers.2.eh_proj.weight" not in state:
+        fail("the checkpoint lacks the MTP module's eh_proj")
+    with open(os.path.join(straight, "metrics.jsonl")) as f:
+        steps = [r for r in map(json.loads, f) if r.get("type") == "step"]
+    if any(len(r.get("moe", [])) != 2 for r in steps):
+        fail("every step record should carry two MoE blocks' balance (the model's, the MTP's)")
+    first, last = steps[0]["mtp_loss"], steps[-1]["mtp_loss"]
+    if not last < 0.8 * first:
+        fail(f"the MTP loss did not fall: step 1 {first}, step {STEPS} {last}")
+    print(f"mtp resume on {ranks} ranks: steps 11-20 bit-identical to the straight run: "
+          f"{STEPS} losses and MTP losses, {n} tensors; MTP loss {first:.3f} -> {last:.3f}")
 
 
 def rel(a, b):
@@ -403,6 +449,8 @@ def main():
         mode_resume(c, int(c.mode.split("-")[1]))
     elif c.mode.startswith("moe-"):
         mode_moe(c, int(c.mode.split("-")[1]))
+    elif c.mode.startswith("mtp-"):
+        mode_mtp(c, int(c.mode.split("-")[1]))
     elif c.mode in ("reshard", "crash", "sigkill", "corrupt", "deck"):
         globals()["mode_" + c.mode](c)
     else:

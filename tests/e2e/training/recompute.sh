@@ -4,7 +4,7 @@
 #   recompute.sh DSTRAIN SOURCE_DIR WORK_DIR [KEY=VALUE...] -- LAUNCHER...
 # 6 steps at recompute none, selective and full (fp32 and bf16): every step's loss, learning
 # rate and gradient norm (and a DeepSeekMoE model's balance loss and per-block loads and
-# biases) and the final parameters (h5diff, exact) are bit-identical to none's. KEY=VALUE:
+# biases, a multi-token prediction module's loss) and the final parameters (h5diff, exact) are bit-identical to none's. KEY=VALUE:
 # deck overrides for every run (a latent-attention MoE model).
 set -euo pipefail
 dstrain=$1 src=$2 work=$3
@@ -29,7 +29,7 @@ import json,sys
 for line in open(sys.argv[1]):
     r=json.loads(line)
     if r["type"]=="step": print("step", r["step"], repr(r["loss"]), repr(r["lr"]), repr(r["grad_norm"]), r["tokens"],
-                               repr(r.get("aux_loss")), json.dumps(r.get("moe"), sort_keys=True))
+                               repr(r.get("aux_loss")), repr(r.get("mtp_loss")), json.dumps(r.get("moe"), sort_keys=True))
     elif r["type"]=="eval": print("eval", r["step"], repr(r["val_loss"]), r["val_tokens"])
 ' "$work/$1/metrics.jsonl"
 }

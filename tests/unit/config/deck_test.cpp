@@ -430,6 +430,8 @@ TEST(DeckErrors, InconsistentCombinationsNameEveryKey) {
         "both set"}},
       {"training:\n  global_batch_size: 0\n",
        {"training.global_batch_size is 0", "training.grad_accum_steps is not set"}},
+      {"model:\n  mtp_depth: 1\ndata:\n  seq_len: 1\n",
+       {"deck.yaml:2:", "model.mtp_depth 1 needs data.seq_len >= 2 (got 1)"}},
       {"training:\n  schedule:\n    milestones: [0.5]\n",
        {"training.schedule.milestones has 1 entries but training.schedule.factors has 2"}},
   };
@@ -735,6 +737,8 @@ const std::vector<std::string> kEveryKeyChanged = {
     "model.moe.score=softmax",
     "model.moe.bias_update_rate=0",  // a moving bias with bf16 and zero_stage 2 is refused
     "model.moe.seq_aux_loss_alpha=0.001",
+    "model.mtp_depth=1",
+    "model.mtp_loss_weight=0.5",
     "data.train=data/train-[0-9]*.h5",
     "data.valid='123'",
     "data.seq_len=128",

@@ -118,6 +118,29 @@ TEST_P(DecoderParity, CachedLogitsEqualFullSequenceForwardAtEveryPosition) {
   expect_rows_close(last.ptr<float>(), ref + (T - 1) * V, V, "last row", T - 1);
 }
 
+// A model with a multi-token prediction module (model.mtp_depth 1): the decoder takes its
+// whole parameter store (the module's tensors included) and runs the main model only,
+// whose logits it reproduces; the module's own logits (token t+2) are another thing.
+TEST(Decoder, SkipsTheMultiTokenPredictionModule) {
+  auto m = tiny(true, false);
+  m.mtp_depth = 1;
+  const std::int64_t T = 12, V = m.vocab_size;
+  DenseModel model(m, 1, T, Arena::Mode::allocate);
+  init_params(model, 17);
+  const auto tok = tokens_of(T, V, 4);
+  model.forward(tok.data(), tok.data());
+  const float* ref = model.logits().ptr<float>();
+  Decoder dec(m, model.params(), m.max_seq_len);
+  auto all = dec.append(tok.data(), T, true);
+  for (std::int64_t t = 0; t < T; ++t)
+    expect_rows_close(all.ptr<float>() + t * V, ref + t * V, V, "prefill with MTP", t);
+  const float* mtp = model.mtp_logits().ptr<float>();
+  float differs = 0.0f;
+  for (std::int64_t j = 0; j < T * V; ++j)
+    differs = std::max(differs, std::fabs(mtp[j] - ref[j]));
+  EXPECT_GT(differs, 0.1f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, DecoderParity,
                          ::testing::Values(std::make_pair(false, false),
                                            std::make_pair(true, false),

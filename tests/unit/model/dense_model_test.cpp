@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "model/dense_model.hpp"
+#include "model/layers/multi_token_prediction.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -324,4 +326,145 @@ TEST(DenseModelPrecision, MasterOutsideComputesWithTheSameBits) {
     EXPECT_THROW(own.refresh_compute_params(next.data(), 0, n), dst::Error);
   }
 }
+}  // namespace
+
+// Multi-token prediction (model.mtp_depth 1): the module's targets, its parameters in the
+// plan's closed form, and the whole objective's gradients against central differences.
+namespace {
+
+TEST(MultiTokenPrediction, TargetsAreTheMainTargetsShiftedByOne) {
+  // Two samples s of T + 1 = 5 tokens; the main targets are s[1..4], padding ignored.
+  const std::int32_t I = dst::model::kIgnoreIndex;
+  const std::vector<std::int32_t> targets = {11, 12, 13, 14, 21, 22, I, I};
+  std::vector<std::int32_t> tokens(8), mtp(8);
+  dst::model::MultiTokenPrediction::make_targets(targets.data(), 2, 4, tokens.data(), mtp.data());
+  EXPECT_EQ(tokens, (std::vector<std::int32_t>{11, 12, 13, 14, 21, 22, 0, 0}));
+  EXPECT_EQ(mtp, (std::vector<std::int32_t>{12, 13, 14, I, 22, I, I, I}));
+}
+
+dst::config::ModelSection small_mtp() {
+  auto m = small_gqa();
+  m.mtp_depth = 1;
+  m.mtp_loss_weight = 0.3;
+  return m;
+}
+
+TEST(MultiTokenPrediction, LayoutFollowsTheV3CheckpointAndThePlan) {
+  auto m = small_mtp();
+  for (bool tied : {false, true}) {
+    m.tie_embeddings = tied;
+    const DenseModel plan(m, 2, 5, Arena::Mode::plan);
+    EXPECT_EQ(plan.params().parameter_count(), dst::model::count_parameters(m).total());
+    const auto& ps = plan.params();
+    // After the head, V3's names for layer n_layers = 2; no second embedding or head.
+    const std::vector<std::string> first = {
+        "model.layers.2.enorm.weight", "model.layers.2.hnorm.weight",
+        "model.layers.2.eh_proj.weight", "model.layers.2.input_layernorm.weight"};
+    const std::size_t at = ps.index_of("model.layers.2.enorm.weight");
+    EXPECT_GT(at, ps.index_of("model.norm.weight"));
+    for (std::size_t i = 0; i < first.size(); ++i)
+      EXPECT_EQ(ps.spec(at + i).name, first[i]);
+    EXPECT_EQ(ps.spec(ps.size() - 1).name, "model.layers.2.shared_head.norm.weight");
+    EXPECT_EQ(ps.spec(ps.index_of("model.layers.2.eh_proj.weight")).shape,
+              (dst::tensor::Shape{8, 16}));
+    auto plain = m;
+    plain.mtp_depth = 0;
+    const auto without = dst::model::count_parameters(plain);
+    const auto with = dst::model::count_parameters(m);
+    EXPECT_EQ(with.mtp, 3 * 8 + 2 * 8 * 8 + without.per_layer);
+    EXPECT_EQ(with.total() - with.mtp, without.total());
+    EXPECT_EQ(with.active(), with.total());  // dense: every parameter is active
+  }
+}
+
+// The objective main mean + lambda x MTP mean: its gradient through the module (eh_proj,
+// its norms and block, the shared head's norm) and into the shared embedding, head and the
+// main model (through the main head's normalised output), untied and tied, against central
+// differences. Same scaling and tolerances as GradientsMatchCentralDifferences. The
+// backward reports ready offsets that only decrease, ending at 0.
+TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    auto m = small_mtp();
+    m.tie_embeddings = tied;
+    const std::int64_t B = 2, T = 5;
+    DenseModel model(m, B, T, Arena::Mode::allocate);
+    auto& ps = model.params();
+    ps.initialize(13);
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      float* w = ps.param(i).ptr<float>();
+      const bool norm = ps.spec(i).init != dst::model::Init::normal;
+      for (std::int64_t j = 0; j < ps.param(i).numel(); ++j)
+        w[j] = norm ? 1.0f + 0.3f * dst::core::normal(5, i, static_cast<std::uint64_t>(j))
+                    : 15.0f * w[j];
+    }
+    const Batch batch = make_batch(B * T, 11, 23);
+    std::int64_t valid = 0;
+    model.forward(batch.tokens.data(), batch.targets.data(), &valid);
+    const std::int64_t mtp_valid = model.last_mtp_tokens();
+    ASSERT_GT(valid, 0);
+    ASSERT_GT(mtp_valid, 0);
+    // make_batch ignores targets 1, 5, 9: the MTP targets are the main ones 1-4 of each
+    // sequence (positions 0-3), of which 2, 3, 4 and 6, 7, 8 are valid.
+    EXPECT_EQ(mtp_valid, 6);
+    const double lambda = m.mtp_loss_weight;
+    model.set_mtp_loss_scale(lambda * static_cast<double>(valid) / static_cast<double>(mtp_valid));
+    ps.zero_grads();
+    std::vector<std::size_t> ready;
+    model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f, nullptr,
+                           [&](std::size_t o) { ready.push_back(o); });
+    ASSERT_FALSE(ready.empty());
+    for (std::size_t i = 1; i < ready.size(); ++i)
+      EXPECT_LE(ready[i], ready[i - 1]) << i;
+    EXPECT_EQ(ready.back(), 0u);
+    const std::vector<float> grads(ps.grads_data(), ps.grads_data() + ps.buffer_elements());
+    auto objective = [&] {
+      const double main = model.forward(batch.tokens.data(), batch.targets.data());
+      return main / static_cast<double>(valid) +
+             lambda * model.last_mtp_loss() / static_cast<double>(mtp_valid);
+    };
+    const float h = 1e-2f;
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const auto& spec = ps.spec(i);
+      float* w = ps.param(i).ptr<float>();
+      const auto n = static_cast<std::uint64_t>(ps.param(i).numel());
+      for (std::uint64_t s = 0; s < 4; ++s) {
+        const auto j =
+            static_cast<std::int64_t>(dst::core::uniform01(98, i, s) * static_cast<float>(n));
+        const float saved = w[j];
+        w[j] = saved + h;
+        const double up = objective();
+        w[j] = saved - h;
+        const double down = objective();
+        w[j] = saved;
+        const double fd = (up - down) / (2.0 * static_cast<double>(h));
+        const double analytic =
+            grads[spec.offset + static_cast<std::size_t>(j)] / static_cast<double>(valid);
+        EXPECT_NEAR(analytic, fd, 3e-4 + 3e-2 * std::fabs(fd)) << spec.name << "[" << j << "]";
+      }
+    }
+    // Without the module's loss (lambda 0) the main model's gradients are the plain
+    // model's: the module reads the main model but adds nothing to its loss.
+    model.set_mtp_loss_scale(0.0);
+    ps.zero_grads();
+    model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f);
+    auto plain = m;
+    plain.mtp_depth = 0;
+    DenseModel base(plain, B, T, Arena::Mode::allocate);
+    std::memcpy(base.params().params_data(), ps.params_data(),
+                base.params().buffer_elements() * sizeof(float));
+    base.params().zero_grads();
+    base.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f);
+    for (std::size_t i = 0; i < base.params().size(); ++i) {
+      const auto& spec = base.params().spec(i);
+      const auto a = base.params().grad(i);
+      const auto b = ps.grad(ps.index_of(spec.name));
+      for (std::int64_t j = 0; j < a.numel(); ++j)
+        ASSERT_NEAR(b.ptr<float>()[j], a.ptr<float>()[j],
+                    1e-6f * std::fabs(a.ptr<float>()[j]) + 1e-9f)
+            << spec.name << "[" << j << "]";
+    }
+  }
+}
+
 }  // namespace

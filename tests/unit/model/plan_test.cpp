@@ -86,6 +86,27 @@ TEST(Plan, FlopsPerTokenIsSixNPlusAttention) {
   EXPECT_DOUBLE_EQ(dst::model::training_flops_per_token(tied, 4096), f);
 }
 
+// A multi-token prediction module: its parameters (3 norms, eh_proj (C, 2C), one block),
+// the shared head's second product and one more block of attention; recompute's full
+// forward again covers its block.
+TEST(Plan, MultiTokenPredictionCountsItsBlockHeadAndAttention) {
+  auto m = deepseek_llm_7b();
+  const double C = 4096, V = 102400, T = 4096;
+  const auto plain = dst::model::count_parameters(m);
+  m.mtp_depth = 1;
+  const auto with = dst::model::count_parameters(m);
+  EXPECT_EQ(with.mtp, static_cast<std::int64_t>(3 * C + 2 * C * C) + plain.per_layer);
+  EXPECT_EQ(with.total(), plain.total() + with.mtp);
+  auto none = m;
+  none.mtp_depth = 0;
+  EXPECT_DOUBLE_EQ(dst::model::training_flops_per_token(m, 4096),
+                   dst::model::training_flops_per_token(none, 4096) +
+                       6.0 * (static_cast<double>(with.mtp) + V * C) + 12.0 * T * C);
+  EXPECT_DOUBLE_EQ(dst::model::recompute_flops_per_token(m, 4096, dst::config::Recompute::full),
+                   dst::model::recompute_flops_per_token(none, 4096, dst::config::Recompute::full) +
+                       2.0 * static_cast<double>(plain.per_layer) + 4.0 * T * C);
+}
+
 TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
   dst::config::RunConfig c;
   c.model = deepseek_llm_7b();

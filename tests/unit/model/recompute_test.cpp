@@ -75,6 +75,7 @@ struct Result {
   double eval_loss = 0.0;
   std::vector<double> moe_loads;  // after the two micro-batches and the evaluation
   double aux_loss = 0.0;          // the last training micro-batch's balance loss
+  double mtp_loss = 0.0;          // the last training micro-batch's MTP loss sum
 };
 
 Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage, Recompute r) {
@@ -101,6 +102,7 @@ Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage
   out.grads.assign(net.params().grads_data(), net.params().grads_data() + n);
   const auto tokens = draw(7, static_cast<std::int32_t>(m.vocab_size));
   if (m.n_routed_experts > 0) out.aux_loss = net.last_aux_loss();
+  out.mtp_loss = net.last_mtp_loss();
   out.eval_loss = net.forward(tokens.data(), tokens.data());
   if (m.n_routed_experts > 0) out.moe_loads = net.moe_loads();
   return out;
@@ -152,6 +154,36 @@ TEST(Recompute, LatentAttentionAndMoeAreBitIdenticalAndCountLoadsOnce) {
           std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)), 0);
       EXPECT_EQ(other.ready, none.ready);
       EXPECT_EQ(other.moe_loads, none.moe_loads);  // counted once per forward
+      EXPECT_EQ(std::memcmp(&other.aux_loss, &none.aux_loss, sizeof(double)), 0);
+    }
+  }
+}
+
+// With a multi-token prediction module (its block an MLA/MoE block too, sharing the
+// recomputed record): the same bits under every setting, and its block's expert loads
+// counted once, after the model's MoE blocks.
+TEST(Recompute, MultiTokenPredictionIsBitIdenticalAndCountsLoadsOnce) {
+  auto m = mla_moe_model();
+  m.mtp_depth = 1;
+  for (const DType storage : {DType::f32, DType::bf16}) {
+    const Result none = train_two_micro_batches(m, storage, Recompute::none);
+    ASSERT_EQ(none.moe_loads.size(), static_cast<std::size_t>(m.n_layers * 8));
+    double routed = 0.0;
+    for (const double l : none.moe_loads)
+      routed += l;
+    EXPECT_EQ(routed, static_cast<double>(m.n_layers * 3 * kB * kT * 2));
+    for (const Recompute r : {Recompute::selective, Recompute::full}) {
+      SCOPED_TRACE(std::string(dst::dtype_name(storage)) + ", " + dst::to_string(r));
+      const Result other = train_two_micro_batches(m, storage, r);
+      ASSERT_EQ(other.losses.size(), none.losses.size());
+      for (std::size_t i = 0; i < none.losses.size(); ++i)
+        EXPECT_EQ(std::memcmp(&other.losses[i], &none.losses[i], sizeof(double)), 0);
+      EXPECT_EQ(std::memcmp(&other.mtp_loss, &none.mtp_loss, sizeof(double)), 0);
+      ASSERT_EQ(other.grads.size(), none.grads.size());
+      EXPECT_EQ(
+          std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)), 0);
+      EXPECT_EQ(other.ready, none.ready);
+      EXPECT_EQ(other.moe_loads, none.moe_loads);
       EXPECT_EQ(std::memcmp(&other.aux_loss, &none.aux_loss, sizeof(double)), 0);
     }
   }

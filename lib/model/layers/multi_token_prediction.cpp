@@ -1,0 +1,139 @@
+#include "model/layers/multi_token_prediction.hpp"
+
+#include <string>
+
+#include "blas/gemm.hpp"
+#include "core/error.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dst::model {
+
+namespace {
+std::string mtp_prefix(const config::ModelSection& m) {
+  return "model.layers." + std::to_string(m.n_layers) + ".";
+}
+}  // namespace
+
+MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m)
+    : enorm_(mtp_prefix(m) + "enorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
+      hnorm_(mtp_prefix(m) + "hnorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
+      eh_name_(mtp_prefix(m) + "eh_proj.weight"),
+      block_(m, m.n_layers),
+      head_(m, mtp_prefix(m) + "shared_head.norm.weight"),
+      C_(m.d_model) {
+  if (m.mtp_depth != 1)
+    throw Error("model: a multi-token prediction module needs model.mtp_depth 1, got " +
+                std::to_string(m.mtp_depth));
+}
+
+void MultiTokenPrediction::declare(std::vector<ParamSpec>& specs) const {
+  enorm_.declare(specs);
+  hnorm_.declare(specs);
+  // (C, 2C): a linear layer of the concatenation, split by output rows as a column-parallel
+  // layer (Megatron-LM's eh_proj).
+  add_param(specs, eh_name_, {C_, 2 * C_}, Init::normal, kInitStd, true, Split::column);
+  block_.declare(specs);
+  head_.declare(specs);
+}
+
+void MultiTokenPrediction::bind(const ParamStore& params) {
+  enorm_.bind(params);
+  hnorm_.bind(params);
+  eh_proj_ = params.index_of(eh_name_);
+  block_.bind(params);
+  head_.bind(params);
+}
+
+MtpActs MultiTokenPrediction::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
+                                   config::Recompute recompute, const BlockActs& shared) const {
+  const std::int64_t N = B * T;
+  MtpActs a;
+  a.tokens = arena.take("mtp_tokens", {N}, DType::i32);
+  a.targets = arena.take("mtp_targets", {N}, DType::i32);
+  a.emb = arena.take("mtp_emb", {N, C_}, DType::f32);
+  a.enorm = enorm_.take(arena, N, "mtp_enorm", "mtp_enorm_rstd");
+  a.hnorm = hnorm_.take(arena, N, "mtp_hnorm", "mtp_hnorm_rstd");
+  a.block = block_.take(arena, B, T, fused, recompute, shared);
+  a.head = head_.take(arena, N);
+  return a;
+}
+
+MtpScratch MultiTokenPrediction::take_scratch(tensor::Arena& arena, std::int64_t N) const {
+  MtpScratch s;
+  s.d_h = arena.take("mtp_d_h", {N, C_}, DType::f32);
+  s.d_main = arena.take("mtp_d_main", {N, C_}, DType::f32);
+  return s;
+}
+
+void MultiTokenPrediction::make_targets(const std::int32_t* targets, std::int64_t B, std::int64_t T,
+                                        std::int32_t* mtp_tokens, std::int32_t* mtp_targets) {
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int32_t* tgt = targets + b * T;  // s[1..T] of sample b
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int32_t next = tgt[t];  // s[t + 1]: the module's input at t
+      mtp_tokens[b * T + t] = next == kIgnoreIndex ? 0 : next;
+      mtp_targets[b * T + t] = t + 1 < T ? tgt[t + 1] : kIgnoreIndex;  // s[t + 2]
+    }
+  }
+}
+
+void MultiTokenPrediction::forward(const Compute& c, const Embedding& embedding, const Rope& rope,
+                                   std::int64_t B, std::int64_t T, const tensor::Tensor& h,
+                                   const MtpActs& a) const {
+  const std::int64_t N = B * T;
+  embedding.forward(c, a.tokens, a.emb);
+  enorm_.forward(c, a.emb, a.enorm);
+  hnorm_.forward(c, h, a.hnorm);
+  // eh_proj of the concatenation without forming it: x = e W[:, :C]^T + h W[:, C:]^T, the
+  // two column halves of W (C, 2C) read with its row stride 2C.
+  const float* w = c.weight(eh_proj_).ptr<float>();
+  float* x = a.block.x.ptr<float>();
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f, a.enorm.out.ptr<float>(),
+             C_, w, 2 * C_, 0.0f, x, C_);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f, a.hnorm.out.ptr<float>(),
+             C_, w + C_, 2 * C_, 1.0f, x, C_);
+  c.store(a.block.x);
+  block_.forward(c, rope, B, T, a.block, a.head.x);
+  head_.forward(c, a.head.x, a.head.norm, a.head.logits);
+}
+
+void MultiTokenPrediction::loss(const Compute& c, const MtpActs& a) const {
+  head_.loss(c, a.head, a.targets);
+}
+
+void MultiTokenPrediction::loss_and_gradient(const Compute& c, const MtpActs& a,
+                                             float grad_scale) const {
+  head_.loss_and_gradient(c, a.head, a.targets, grad_scale);
+}
+
+void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding, const Rope& rope,
+                                    std::int64_t B, std::int64_t T, const tensor::Tensor& h,
+                                    const MtpActs& a, const BlockScratch& bs, const MtpScratch& s,
+                                    const tensor::Tensor& d_x, const OnReady& ready) const {
+  const std::int64_t N = B * T;
+  head_.backward(c, a.head, bs.d_ln, d_x, ready);           // d_x: d(loss)/d(block output)
+  block_.backward(c, rope, B, T, a.block, bs, d_x, ready);  // d_x: d(loss)/d(eh_proj output)
+  // eh_proj: d_e = dy W[:, :C], d_h = dy W[:, C:]; dW[:, :C] += dy^T e, dW[:, C:] += dy^T h.
+  c.store(d_x);
+  const float* w = c.weight(eh_proj_).ptr<float>();
+  float* dw = c.grad(eh_proj_).ptr<float>();
+  const float* dy = d_x.ptr<float>();
+  const tensor::Tensor& d_e = bs.d_ln;
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w, 2 * C_, 0.0f,
+             d_e.ptr<float>(), C_);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w + C_, 2 * C_, 0.0f,
+             s.d_h.ptr<float>(), C_);
+  blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_,
+             a.enorm.out.ptr<float>(), C_, 1.0f, dw, 2 * C_);
+  blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_,
+             a.hnorm.out.ptr<float>(), C_, 1.0f, dw + C_, 2 * C_);
+  // The norms accumulate their input gradients: into zeroed buffers. d_x is free now.
+  kernels::zero(c.ctx, d_x);
+  enorm_.backward(c, d_e, a.emb, a.enorm, d_x);
+  embedding.backward(c, a.tokens, d_x);  // the shared table's rows of the tokens t+1
+  kernels::zero(c.ctx, s.d_main);
+  hnorm_.backward(c, s.d_h, h, a.hnorm, s.d_main);
+  ready(c.offset(enorm_.weight()));  // the module's first tensor: all of it is final
+}
+
+}  // namespace dst::model
