@@ -48,8 +48,8 @@ std::string read_string_attribute(hid_t attr, hid_t type, std::size_t max_bytes,
                                   const std::string& where, Raise raise) {
   too_long = false;
   Handle mem(DST_H5_CHECK_WITH(raise, H5Tcopy(H5T_C_S1), where));
-  DST_H5_CHECK_WITH(raise, H5Tset_cset(mem.get(), DST_H5_CHECK_WITH(raise, H5Tget_cset(type), where)),
-                    where);
+  DST_H5_CHECK_WITH(
+      raise, H5Tset_cset(mem.get(), DST_H5_CHECK_WITH(raise, H5Tget_cset(type), where)), where);
   std::string value;
   if (DST_H5_CHECK_WITH(raise, H5Tis_variable_str(type), where) > 0) {
     DST_H5_CHECK_WITH(raise, H5Tset_size(mem.get(), H5T_VARIABLE), where);
