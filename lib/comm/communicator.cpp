@@ -21,6 +21,18 @@ Request Communicator::iallgather_blocks(void*, const std::vector<std::size_t>&, 
               "needs the mpi or shm back end)");
 }
 
+Request Communicator::isend(const void*, std::size_t, DType, int, int) {
+  throw Error("comm: group '" + name() +
+              "': this back end has no point-to-point send (parallel.pipeline > 1 needs the "
+              "MPI back end for its stages)");
+}
+
+Request Communicator::irecv(void*, std::size_t, DType, int, int) {
+  throw Error("comm: group '" + name() +
+              "': this back end has no point-to-point receive (parallel.pipeline > 1 needs the "
+              "MPI back end for its stages)");
+}
+
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     // The collective held so far must be settled before it is forgotten, exactly as if

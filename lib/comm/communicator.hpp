@@ -135,6 +135,14 @@ class Communicator {
   /// rank's block is, on every rank. Throws dst::Error in the base class (as above).
   virtual Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type);
 
+  /// Point-to-point (pipeline stages): sends `count` elements to group rank `peer`, or
+  /// receives them from it; `tag` tells messages between the same two ranks apart (both
+  /// sides must use the same). The wait has the communicator's deadline and a timeout
+  /// names the operation, its size, the peer and the group. The base class throws
+  /// dst::Error naming the group; MPI implements them.
+  virtual Request isend(const void* buf, std::size_t count, DType type, int peer, int tag);
+  virtual Request irecv(void* buf, std::size_t count, DType type, int peer, int tag);
+
   void allreduce(void* buf, std::size_t count, DType type, ReduceOp op) {
     iallreduce(buf, count, type, op).wait();
   }

@@ -259,6 +259,34 @@ Request MpiCommunicator::iallgather_blocks(void* buf, const std::vector<std::siz
   });
 }
 
+namespace {
+void check_peer(const detail::MpiRequest& r, int peer, int self, int size) {
+  if (peer < 0 || peer >= size || peer == self)
+    throw Error(r.describe() + ": the peer must be another rank of the group (" +
+                std::to_string(size) + " ranks, this is rank " + std::to_string(self) + ")");
+}
+}  // namespace
+
+Request MpiCommunicator::isend(const void* buf, std::size_t count, DType type, int peer, int tag) {
+  OpInfo info{OpKind::send, ReduceOp::sum, count, type, peer, tag};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    check_peer(r, peer, rank_, size_);
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    DST_MPI_CHECK(MPI_Isend(buf, detail::mpi_count(count, r), dt, peer, tag, comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::irecv(void* buf, std::size_t count, DType type, int peer, int tag) {
+  OpInfo info{OpKind::recv, ReduceOp::sum, count, type, peer, tag};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    check_peer(r, peer, rank_, size_);
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    DST_MPI_CHECK(MPI_Irecv(buf, detail::mpi_count(count, r), dt, peer, tag, comm_, r.handle()));
+  });
+}
+
 Request MpiCommunicator::ibroadcast(void* buf, std::size_t count, DType type, int root) {
   OpInfo info{OpKind::broadcast, ReduceOp::sum, count, type, root};
   auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);

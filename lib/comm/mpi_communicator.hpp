@@ -56,6 +56,9 @@ class MpiCommunicator final : public Communicator {
                                  ReduceOp op) override;
   /// MPI_Iallgatherv in place.
   Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type) override;
+  /// MPI_Isend / MPI_Irecv; `peer` must be another rank of the group.
+  Request isend(const void* buf, std::size_t count, DType type, int peer, int tag) override;
+  Request irecv(void* buf, std::size_t count, DType type, int peer, int tag) override;
 
   /// The private duplicate, for libraries that take an MPI_Comm (parallel HDF5). Owned by
   /// this object: do not free it; collectives on it must not overlap ours.

@@ -55,6 +55,16 @@ std::string describe_op(const char* backend, const OpInfo& info, const std::stri
     case OpKind::barrier:
       os << "barrier";
       break;
+    case OpKind::send:
+      os << "send (tag " << info.tag << ") of ";
+      elements(info.count);
+      os << " to rank " << info.root;
+      break;
+    case OpKind::recv:
+      os << "recv (tag " << info.tag << ") of ";
+      elements(info.count);
+      os << " from rank " << info.root;
+      break;
   }
   os << " on group '" << group << "' (" << group_size << (group_size == 1 ? " rank)" : " ranks)");
   return os.str();

@@ -23,6 +23,8 @@ enum class OpKind {
   barrier,
   reduce_scatter_blocks,  ///< count = every block together; root = this rank's block
   allgather_blocks,       ///< likewise
+  send,                   ///< root = the peer (group rank); op unused
+  recv,                   ///< likewise
 };
 
 struct OpInfo {
@@ -31,6 +33,7 @@ struct OpInfo {
   std::size_t count = 0;  ///< elements per rank in the operation's own terms (see describe_op)
   DType type = DType::u8;
   int root = 0;
+  int tag = 0;  ///< send and recv
 };
 
 /// "<backend>: allreduce(sum) of 1024 x f32 (4096 B) on group 'data' (2 ranks)"; a
