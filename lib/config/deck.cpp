@@ -161,6 +161,19 @@ void read_value(const YamlNode& node, const std::string& key, const Spec&,
   out = read_numbers(node, key, std::nullopt);
 }
 
+void read_value(const YamlNode& node, const std::string& key, const Spec&,
+                std::vector<std::int64_t>& out) {
+  if (node.kind == YamlNode::Kind::Null) {
+    out.clear();
+    return;
+  }
+  if (node.kind != YamlNode::Kind::Sequence)
+    fail(key, node, "expected a list of integers, got " + got(node));
+  out.clear();
+  for (std::size_t i = 0; i < node.children.size(); ++i)
+    out.push_back(read_int(node.children[i], key + "[" + std::to_string(i) + "]", false));
+}
+
 // The node at a dotted path; nullptr when absent or under a null section. Sections are
 // known to be mappings or null (check_keys ran first).
 const YamlNode* lookup(const YamlNode& root, std::string_view path) {
@@ -256,6 +269,10 @@ class RangeVisitor {
   }
   void field(const char* path, const Spec& spec, const std::vector<double>& v) {
     list(path, spec, v.data(), v.size());
+  }
+  void field(const char* path, const Spec& spec, const std::vector<std::int64_t>& v) {
+    const std::vector<double> d(v.begin(), v.end());
+    list(path, spec, d.data(), d.size());
   }
 
  private:
@@ -376,6 +393,59 @@ void check_moe(const ModelSection& m, const GivenKeys& given, const std::string&
                          "best experts");
 }
 
+/// parallel.pipeline, pipeline_layers and pipeline_schedule, and what pipeline stages do
+/// not support yet.
+void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
+  const auto s = [](auto v) { return std::to_string(v); };
+  const std::int64_t P = c.parallel.pipeline;
+  const ModelSection& m = c.model;
+  const std::vector<std::int64_t>& layers = c.parallel.pipeline_layers;
+  if (!layers.empty()) {
+    if (static_cast<std::int64_t>(layers.size()) != P)
+      fail_combination(given, fallback, {"parallel.pipeline_layers", "parallel.pipeline"},
+                       "parallel.pipeline_layers has " + s(layers.size()) +
+                           " entries; it needs one per pipeline stage (parallel.pipeline " + s(P) +
+                           ")");
+    std::int64_t sum = 0;
+    for (const std::int64_t n : layers)
+      sum += n;
+    if (sum != m.n_layers)
+      fail_combination(given, fallback, {"parallel.pipeline_layers", "model.n_layers"},
+                       "parallel.pipeline_layers sums to " + s(sum) +
+                           " blocks; it must sum to model.n_layers (" + s(m.n_layers) + ")");
+  }
+  if (P == 1) return;
+  if (P > m.n_layers)
+    fail_combination(given, fallback, {"parallel.pipeline", "model.n_layers"},
+                     "parallel.pipeline (" + s(P) + ") exceeds model.n_layers (" + s(m.n_layers) +
+                         "): every stage needs at least one block");
+  if (c.parallel.pipeline_schedule != PipelineSchedule::one_f_one_b)
+    fail_combination(given, fallback, {"parallel.pipeline_schedule"},
+                     "interleaved is not supported yet: the interleaved schedule (virtual "
+                     "stages) is not implemented; use 1f1b");
+  const auto refuse = [&](const char* key, const std::string& what) {
+    fail_combination(given, fallback, {key, "parallel.pipeline"},
+                     what + " is not supported yet with parallel.pipeline " + s(P) +
+                         " (pipeline stages hold dense blocks only); set parallel.pipeline: 1");
+  };
+  if (m.n_routed_experts > 0)
+    refuse("model.n_routed_experts",
+           "a DeepSeekMoE model (model.n_routed_experts " + s(m.n_routed_experts) + ")");
+  if (m.tie_embeddings)
+    refuse("model.tie_embeddings",
+           "model.tie_embeddings (the embedding and the head live on different stages)");
+  if (m.mtp_depth > 0)
+    refuse("model.mtp_depth",
+           "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
+  if (c.training.recompute != Recompute::none)
+    refuse("training.recompute", "training.recompute " + to_string(c.training.recompute) +
+                                     " (its shared records are not per micro-batch)");
+  if (c.kernels.backend == KernelsBackend::cuda)
+    refuse("kernels.backend", "kernels.backend cuda (stages send host memory over MPI)");
+  if (c.parallel.backend == ParallelBackend::nccl)
+    refuse("parallel.backend", "parallel.backend nccl");
+}
+
 void check_combinations(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
   const auto s = [](auto v) { return std::to_string(v); };
   const ModelSection& m = c.model;
@@ -405,17 +475,13 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                      "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
                          s(m.max_seq_len) + ")");
 
-  // Tensor and pipeline parallelism are not implemented (issue 31): ranks given to them
-  // would only train as replicas of the data-parallel ones, and plans would be wrong.
+  // Tensor parallelism is not implemented (issue 31): ranks given to it would only train
+  // as replicas of the data-parallel ones, and plans would be wrong.
   if (c.parallel.tensor != 1)
     fail_combination(given, fallback, {"parallel.tensor"},
                      s(c.parallel.tensor) +
                          " is not supported yet: tensor parallelism is not implemented (issue 31)");
-  if (c.parallel.pipeline != 1)
-    fail_combination(
-        given, fallback, {"parallel.pipeline"},
-        s(c.parallel.pipeline) +
-            " is not supported yet: pipeline parallelism is not implemented (issue 31)");
+  check_pipeline(c, given, fallback);
 
   // The trainer's ZeRO path works on host memory (MPI, shm) only (the NCCL back end has
   // the shard collectives, not yet run on a GPU); a GPU run that resolves auto to NCCL is
@@ -766,6 +832,12 @@ std::string yaml_text(const Spec&, const std::array<double, 2>& v) {
 std::string yaml_text(const Spec&, const std::vector<double>& v) {
   return format_list(v.data(), v.size());
 }
+std::string yaml_text(const Spec&, const std::vector<std::int64_t>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out += (i > 0 ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
 
 class YamlWriter {
  public:
@@ -823,6 +895,9 @@ std::string type_name(const Spec&, const std::array<double, 2>&) {
 std::string type_name(const Spec&, const std::vector<double>&) {
   return "list of numbers";
 }
+std::string type_name(const Spec&, const std::vector<std::int64_t>&) {
+  return "list of integers";
+}
 
 template <class T>
 std::string allowed_text(const Spec& spec, const T&) {
@@ -835,7 +910,8 @@ std::string allowed_text(const Spec& spec, const T&) {
   } else if constexpr (std::is_same_v<T, bool>) {
     out = "`true`, `false`";
   } else if constexpr (std::is_same_v<T, std::array<double, 2>> ||
-                       std::is_same_v<T, std::vector<double>>) {
+                       std::is_same_v<T, std::vector<double>> ||
+                       std::is_same_v<T, std::vector<std::int64_t>>) {
     out = "each " + range_text(spec);
     if (spec.increasing) out += ", strictly increasing";
   } else {
@@ -982,14 +1058,18 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   const auto s = [](auto v) { return std::to_string(v); };
   const std::string world = "world size " + s(world_size);
   const ParallelSection& p = config.parallel;
-  // validate() refused tensor or pipeline parallelism (not implemented, issue 31): every
-  // rank is a data-parallel rank.
-  const std::int64_t data = world_size;
+  // Tensor parallelism is refused by validate(): the world is data x pipeline ranks.
+  if (world_size % p.pipeline != 0)
+    throw DeckError("parallel.pipeline", world,
+                    "parallel.pipeline (" + s(p.pipeline) + ") does not divide the " + world +
+                        ": every stage needs the same number of data-parallel ranks");
+  const std::int64_t data = world_size / p.pipeline;
   if (p.data != 0 && p.data != data)
     throw DeckError("parallel.data", world,
-                    "parallel.data (" + s(p.data) + ") must be the world size (" + s(world_size) +
-                        ") or auto: every rank is a data-parallel rank while tensor and pipeline "
-                        "parallelism are not implemented");
+                    "parallel.data (" + s(p.data) +
+                        ") must be the world size / parallel.pipeline (" + s(world_size) + " / " +
+                        s(p.pipeline) + " = " + s(data) +
+                        ") or auto: every rank is a data-parallel rank of one pipeline stage");
 
   const TrainingSection& t = config.training;
   std::int64_t per_micro_step = 0;  // sequences per micro-step over all data ranks
@@ -999,6 +1079,7 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   Layout layout;
   layout.world_size = world_size;
   layout.data = static_cast<int>(data);
+  layout.pipeline = static_cast<int>(p.pipeline);
   if (t.global_batch_size > 0) {
     if (t.global_batch_size % per_micro_step != 0)
       throw DeckError("training.global_batch_size", world,
@@ -1016,6 +1097,15 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
                       "training.grad_accum_steps overflows");
   }
   return layout;
+}
+
+std::vector<std::int64_t> pipeline_stage_layers(const RunConfig& config) {
+  const std::int64_t P = config.parallel.pipeline, L = config.model.n_layers;
+  if (!config.parallel.pipeline_layers.empty()) return config.parallel.pipeline_layers;
+  std::vector<std::int64_t> out;
+  for (std::int64_t s = 0; s < P; ++s)
+    out.push_back(L / P + (s < L % P ? 1 : 0));
+  return out;
 }
 
 namespace detail {

@@ -56,6 +56,9 @@ enum class KernelsBackend : std::uint8_t { automatic, kokkos, cuda };
 /// kernels.host_gemm: who runs the host's matrix products (tensor::HostGemm once resolved).
 enum class HostGemmSetting : std::uint8_t { automatic, blas, dstrain };
 
+/// parallel.pipeline_schedule: the order of a pipeline stage's forwards and backwards.
+enum class PipelineSchedule : std::uint8_t { one_f_one_b, interleaved };
+
 /// debug.nan_policy: what a non-finite loss or gradient does.
 enum class NanPolicy : std::uint8_t { abort, skip };
 
@@ -210,8 +213,14 @@ struct ParallelSection {
   std::int64_t data = 0;  ///< 0 = auto: the world size (every rank is a data rank)
   /// Only 1 is accepted until tensor parallelism exists (issue 31): the deck refuses more.
   std::int64_t tensor = 1;
-  /// Only 1 is accepted until pipeline parallelism exists (issue 31): the deck refuses more.
+  /// Pipeline stages (train/pipeline_schedule.hpp, docs/performance.md "pipeline
+  /// parallelism"): the blocks split into this many consecutive stages.
   std::int64_t pipeline = 1;
+  /// Blocks per stage, first stage first (the first also holds the embedding, the last the
+  /// final norm and the head); empty = an even split (the first stages one more block
+  /// when n_layers does not divide).
+  std::vector<std::int64_t> pipeline_layers;
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
   ParallelBackend backend = ParallelBackend::automatic;
   double bucket_mb = 25.0;
   /// Start bucket all-reduces during backward, polled by a progress thread (Open MPI
@@ -276,8 +285,8 @@ struct RunConfig {
   DebugSection debug;
 };
 
-/// The data-parallel layout a config resolves to on a given world size. tensor and
-/// pipeline are 1 until those kinds of parallelism exist (the deck refuses more).
+/// The layout a config resolves to on a given world size: data x pipeline ranks (tensor is
+/// 1 until tensor parallelism exists; the deck refuses more).
 struct Layout {
   int world_size = 1;
   int data = 1;
@@ -286,6 +295,10 @@ struct Layout {
   std::int64_t grad_accum_steps = 1;   ///< micro-steps per optimizer step
   std::int64_t global_batch_size = 1;  ///< sequences per optimizer step
 };
+
+/// Blocks per pipeline stage: parallel.pipeline_layers, or the even split of model.n_layers
+/// over parallel.pipeline stages (the first n_layers % pipeline stages one more).
+std::vector<std::int64_t> pipeline_stage_layers(const RunConfig& config);
 
 /// Field-by-field equality (doubles compared exactly), generated from the schema so a new
 /// key cannot be forgotten; load_deck_text(to_yaml(c)) == c is the round-trip guarantee.
@@ -394,6 +407,10 @@ struct EnumNames<config::RopeScalingType> {
 template <>
 struct EnumNames<config::MoeScore> {
   static constexpr std::array<const char*, 2> names{"sigmoid", "softmax"};
+};
+template <>
+struct EnumNames<config::PipelineSchedule> {
+  static constexpr std::array<const char*, 2> names{"1f1b", "interleaved"};
 };
 template <>
 struct EnumNames<config::NanPolicy> {

@@ -369,13 +369,12 @@ template <class V, class... S>
 void visit_parallel(V& v, S&... s) {
   v.section("parallel", "How the ranks are divided and how they talk.");
   v.field("parallel.data",
-          Spec("Data-parallel ranks; auto = the world size (every rank while tensor and "
-               "pipeline parallelism are not implemented).")
+          Spec("Data-parallel ranks; auto = the world size / parallel.pipeline.")
               .with_auto()
               .at_least(1)
               .at_most(kIntMax),
           s.data...);
-  // Accepted in the schema's range for the day they work; until then more than 1 is a deck
+  // Accepted in the schema's range for the day it works; until then more than 1 is a deck
   // error (check_combinations), so that extra ranks cannot train as silent replicas.
   v.field("parallel.tensor",
           Spec("Tensor-parallel ranks. Not implemented yet (issue 31): more than 1 is a deck "
@@ -385,12 +384,28 @@ void visit_parallel(V& v, S&... s) {
               .with_note("`1` (more is not supported yet)"),
           s.tensor...);
   v.field("parallel.pipeline",
-          Spec("Pipeline-parallel stages. Not implemented yet (issue 31): more than 1 is a "
-               "deck error.")
+          Spec("Pipeline-parallel stages: the blocks split into this many consecutive stages, "
+               "each on its own ranks (the world is data x pipeline ranks; docs/performance.md, "
+               "\"pipeline parallelism\"). At most model.n_layers; not with DeepSeekMoE "
+               "blocks, tied embeddings, the MTP module, training.recompute or "
+               "kernels.backend cuda yet.")
               .at_least(1)
-              .at_most(kIntMax)
-              .with_note("`1` (more is not supported yet)"),
+              .at_most(kIntMax),
           s.pipeline...);
+  v.field("parallel.pipeline_layers",
+          Spec("Blocks per pipeline stage, first stage first (it also holds the embedding; the "
+               "last the final norm and the head); empty = an even split, the first stages one "
+               "more block when n_layers does not divide. parallel.pipeline entries, summing to "
+               "model.n_layers.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.pipeline_layers...);
+  v.field("parallel.pipeline_schedule",
+          Spec("Order of a stage's forwards and backwards over the step's micro-batches (the "
+               "accumulation steps): 1f1b (one forward, one backward; at most P - stage "
+               "micro-batches in flight; bubble (P - 1) / micro-batches). interleaved (virtual "
+               "stages) is not implemented yet: a deck error."),
+          s.pipeline_schedule...);
   v.field(
       "parallel.backend",
       Spec("Communication back end of the gradients: auto = nccl when the model runs on "

@@ -42,6 +42,13 @@ struct DenseModel::Impl {
   bool master_outside = false;
   Arena compute{"compute parameters", Arena::Mode::plan};
 
+  // The blocks held (resolved: last is a block index) and one record per slot: the blocks'
+  // (indexed by block, the others empty), the tokens (first stage) and targets (last
+  // stage), the output of a stage without the head. `layer`, `tokens` and `targets` are
+  // slot 0's.
+  StageBlocks stage;
+  std::vector<std::vector<BlockActs>> slot_layer;
+  std::vector<Tensor> slot_tokens, slot_targets, slot_out;
   std::vector<BlockActs> layer;
   Tensor tokens, targets;  // (N) i32
   HeadActs head;
@@ -63,19 +70,31 @@ struct DenseModel::Impl {
   explicit Impl(const config::ModelSection& m) : net(m) {}
 
   void take_all() {
-    tokens = acts.take("tokens", {N}, DType::i32);
-    targets = acts.take("targets", {N}, DType::i32);
-    layer.clear();
-    const BlockActs shared = net.block(0).take_shared(recomputed, B, T, fused, recompute);
-    for (std::int64_t l = 0; l < L; ++l)
-      layer.push_back(net.block(l).take(acts, B, T, fused, recompute, shared));
-    head = net.head().take(acts, N);
-    if (net.mtp()) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
+    const auto slots = static_cast<std::size_t>(stage.slots);
+    slot_layer.assign(slots, std::vector<BlockActs>(static_cast<std::size_t>(L)));
+    slot_tokens.assign(slots, Tensor{});
+    slot_targets.assign(slots, Tensor{});
+    slot_out.assign(slots, Tensor{});
+    const BlockActs shared = net.block(stage.first).take_shared(recomputed, B, T, fused, recompute);
+    for (std::size_t s = 0; s < slots; ++s) {
+      // The whole model takes tokens and targets as it always has (slot 0 of both ends).
+      if (stage.embedding || stage.head) slot_tokens[s] = acts.take("tokens", {N}, DType::i32);
+      if (stage.head) slot_targets[s] = acts.take("targets", {N}, DType::i32);
+      for (std::int64_t l = stage.first; l < stage.last; ++l)
+        slot_layer[s][static_cast<std::size_t>(l)] =
+            net.block(l).take(acts, B, T, fused, recompute, shared);
+      if (!stage.head) slot_out[s] = acts.take("stage output", {N, C}, DType::f32);
+    }
+    layer = slot_layer[0];
+    tokens = slot_tokens[0];
+    targets = slot_targets[0];
+    if (stage.head) head = net.head().take(acts, N);
+    if (net.mtp() && stage.head) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
 
-    rope = Rope::take(work, T, net.block(0).head_dim());
+    rope = Rope::take(work, T, net.block(stage.first).head_dim());
     d_x = work.take("d_x", {N, C}, DType::f32);
-    block = net.block(0).take_scratch(work, B, T, fused);
-    if (net.mtp()) mtp_scratch = net.mtp()->take_scratch(work, N);
+    block = net.block(stage.first).take_scratch(work, B, T, fused);
+    if (net.mtp() && stage.head) mtp_scratch = net.mtp()->take_scratch(work, N);
   }
 
   /// Every DeepSeekMoE block with its record: the model's in order, then the MTP module's.
@@ -87,18 +106,24 @@ struct DenseModel::Impl {
       if (const Moe* m = net.mtp()->block().moe()) f(*m, mtp.block);
   }
 
-  void forward_pass(const std::int32_t* tok, const std::int32_t* tgt) {
-    tensor::copy(c.ctx, tokens.data, tok, static_cast<std::size_t>(N) * sizeof(std::int32_t));
-    tensor::copy(c.ctx, targets.data, tgt, static_cast<std::size_t>(N) * sizeof(std::int32_t));
-    net.embedding().forward(c, tokens, layer[0].x);
-    net.forward_blocks(c, rope, B, T, layer, 0, L, head.x);
+  void forward_pass(const std::int32_t* tok, const std::int32_t* tgt) { forward_pass(0, tok, tgt); }
+
+  void forward_pass(std::size_t slot, const std::int32_t* tok, const std::int32_t* tgt) {
+    const std::vector<BlockActs>& rec = slot_layer[slot];
+    const std::size_t bytes = static_cast<std::size_t>(N) * sizeof(std::int32_t);
+    if (slot_tokens[slot].data) tensor::copy(c.ctx, slot_tokens[slot].data, tok, bytes);
+    if (slot_targets[slot].data) tensor::copy(c.ctx, slot_targets[slot].data, tgt, bytes);
+    if (stage.embedding)
+      net.embedding().forward(c, slot_tokens[slot], rec[static_cast<std::size_t>(stage.first)].x);
+    net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last,
+                       stage.head ? head.x : slot_out[slot]);
+    if (!stage.head) return;
     net.head().forward(c, head.x, head.norm, head.logits);
     if (const MultiTokenPrediction* p = net.mtp()) {
       mtp_tokens_host.resize(static_cast<std::size_t>(N));
       mtp_targets_host.resize(static_cast<std::size_t>(N));
       MultiTokenPrediction::make_targets(tgt, B, T, mtp_tokens_host.data(),
                                          mtp_targets_host.data());
-      const std::size_t bytes = static_cast<std::size_t>(N) * sizeof(std::int32_t);
       tensor::copy(c.ctx, mtp.tokens.data, mtp_tokens_host.data(), bytes);
       tensor::copy(c.ctx, mtp.targets.data, mtp_targets_host.data(), bytes);
       p->forward(c, net.embedding(), rope, B, T, head.norm.out, mtp);
@@ -106,9 +131,22 @@ struct DenseModel::Impl {
   }
 
   void backward_pass(const std::function<void(std::size_t)>& on_ready) {
+    backward_pass(0, on_ready);
+  }
+
+  void backward_pass(std::size_t slot, const std::function<void(std::size_t)>& on_ready) {
     const OnReady ready = [&](std::size_t offset) {
       if (on_ready) on_ready(offset);
     };
+    const std::vector<BlockActs>& rec = slot_layer[slot];
+    const Tensor& tok = slot_tokens[slot];
+    if (!stage.head) {
+      // d_x holds d(loss)/d(the stage's output), put there by the caller.
+      net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, d_x, ready);
+      if (stage.embedding) net.embedding().backward(c, tok, d_x);
+      ready(0);
+      return;
+    }
     // head.logits holds d(loss)/d(logits) (Head::loss_and_gradient wrote it in place). The
     // MTP module first: its parameters come after the head's, and it adds to the gradient
     // of the head's normalised output, which it reads.
@@ -116,8 +154,8 @@ struct DenseModel::Impl {
       p->backward(c, net.embedding(), rope, B, T, head.norm.out, mtp, block, mtp_scratch, d_x,
                   ready);
     net.head().backward(c, head, block.d_ln, d_x, ready, net.mtp() ? mtp_scratch.d_main : Tensor{});
-    net.backward_blocks(c, rope, B, T, layer, block, 0, L, d_x, ready);
-    net.embedding().backward(c, tokens, d_x);
+    net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, d_x, ready);
+    if (stage.embedding) net.embedding().backward(c, tok, d_x);
     ready(0);
   }
 
@@ -147,9 +185,9 @@ struct DenseModel::Impl {
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
                        bool deterministic, float* gradient_memory, float* param_memory,
-                       config::Recompute recompute, bool master_outside)
+                       config::Recompute recompute, bool master_outside, const StageBlocks& stage)
     : impl_(std::make_unique<Impl>(m)),
-      params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(), mode, ctx,
+      params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(stage), mode, ctx,
                                            gradient_memory, param_memory)),
       B_(batch),
       T_(seq_len) {
@@ -179,7 +217,19 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.C = m.d_model;
   s.L = m.n_layers;
   s.recompute = recompute;
-  s.net.bind(*params_);
+  s.stage = stage;
+  if (s.stage.last < 0) s.stage.last = m.n_layers;
+  if (!s.stage.is_whole(m.n_layers)) {
+    // Stages hold dense blocks with their own records (deck.cpp refuses the rest).
+    if (m.mtp_depth > 0 || m.tie_embeddings || recompute != config::Recompute::none)
+      throw Error(
+          "model: a pipeline stage supports neither the MTP module, tied embeddings nor "
+          "training.recompute");
+    if (s.stage.head && s.stage.slots != 1)
+      throw Error("model: the last pipeline stage keeps one activation record, not " +
+                  std::to_string(s.stage.slots));
+  }
+  s.net.bind(*params_, s.stage);
   s.mtp_scale = m.mtp_loss_weight;
   // Latent attention has no fused core (its query/key and value widths differ).
   s.fused = !deterministic && !m.mla() &&
@@ -309,6 +359,64 @@ double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32
   tensor::synchronize(s.c.ctx);  // a device's backward has run, not only been enqueued
   s.backward_s = seconds_since(t1);
   return loss;
+}
+
+const StageBlocks& DenseModel::stage() const {
+  return impl_->stage;
+}
+
+tensor::Tensor DenseModel::stage_input(std::size_t slot) const {
+  const Impl& s = *impl_;
+  return s.slot_layer.at(slot)[static_cast<std::size_t>(s.stage.first)].x;
+}
+
+tensor::Tensor DenseModel::stage_output(std::size_t slot) const {
+  const Impl& s = *impl_;
+  return s.stage.head ? s.head.x : s.slot_out.at(slot);
+}
+
+tensor::Tensor DenseModel::stage_gradient() const {
+  return impl_->d_x;
+}
+
+double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
+                                 const std::int32_t* targets, float grad_scale, bool with_gradient,
+                                 std::int64_t* valid_tokens) {
+  if (params_->planning()) throw Error("model: stage_forward() on a model built only to plan");
+  Impl& s = *impl_;
+  if (slot >= s.slot_layer.size())
+    throw Error("model: activation record " + std::to_string(slot) + " of " +
+                std::to_string(s.slot_layer.size()));
+  const auto t0 = std::chrono::steady_clock::now();
+  s.forward_pass(slot, tokens, targets);
+  double loss = 0.0;
+  if (valid_tokens) *valid_tokens = 0;
+  if (s.stage.head) {
+    if (with_gradient)
+      s.net.head().loss_and_gradient(s.c, s.head, s.targets, grad_scale);
+    else
+      s.net.head().loss(s.c, s.head, s.targets);
+    loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
+  }
+  tensor::synchronize(s.c.ctx);
+  s.forward_s = seconds_since(t0);
+  s.backward_s = 0.0;
+  return loss;
+}
+
+void DenseModel::stage_backward(std::size_t slot,
+                                const std::function<void(std::size_t)>& on_ready) {
+  if (params_->planning()) throw Error("model: stage_backward() on a model built only to plan");
+  Impl& s = *impl_;
+  if (slot >= s.slot_layer.size())
+    throw Error("model: activation record " + std::to_string(slot) + " of " +
+                std::to_string(s.slot_layer.size()));
+  const auto t0 = std::chrono::steady_clock::now();
+  s.c.aux_grad_scale = 0.0f;  // no MoE blocks on stages
+  s.backward_pass(slot, on_ready);
+  tensor::synchronize(s.c.ctx);
+  s.backward_s = seconds_since(t0);
+  s.forward_s = 0.0;
 }
 
 double DenseModel::last_forward_seconds() const {

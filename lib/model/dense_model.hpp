@@ -21,6 +21,7 @@
 #include "config/run_config.hpp"
 #include "model/layers/head.hpp"
 #include "model/param_store.hpp"
+#include "model/stage.hpp"
 #include "tensor/arena.hpp"
 #include "tensor/context.hpp"
 
@@ -63,7 +64,7 @@ class DenseModel {
              tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
              bool deterministic = true, float* gradient_memory = nullptr,
              float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none,
-             bool master_outside = false);
+             bool master_outside = false, const StageBlocks& stage = StageBlocks::whole());
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -108,6 +109,33 @@ class DenseModel {
   double forward_backward(const std::int32_t* tokens, const std::int32_t* targets, float grad_scale,
                           std::int64_t* valid_tokens = nullptr,
                           const std::function<void(std::size_t)>& on_ready = {});
+
+  // --- a pipeline stage (constructed with a StageBlocks; model/stage.hpp) ----------------
+  /// The blocks this model holds, resolved (the whole model: [0, n_layers), both ends).
+  const StageBlocks& stage() const;
+  /// (N, C) the input of the stage's first block in record `slot`: a stage without the
+  /// embedding receives its input here before stage_forward().
+  tensor::Tensor stage_input(std::size_t slot) const;
+  /// (N, C) the output of the stage's last block in record `slot` after stage_forward()
+  /// (a stage without the head: what it sends on).
+  tensor::Tensor stage_output(std::size_t slot) const;
+  /// (N, C) the gradient of the residual stream: before stage_backward() of a stage
+  /// without the head, d(loss)/d(its output), filled by the caller; after it, on a stage
+  /// without the embedding, d(loss)/d(its input).
+  tensor::Tensor stage_gradient() const;
+  /// The stage's forward of one micro-batch into record `slot`: the embedding of `tokens`
+  /// on the first stage (else from stage_input(slot)), the blocks, and on the last stage
+  /// the head and the loss against `targets` (both (B, T) i32, host memory; each read only
+  /// where the stage needs it), with the gradient of grad_scale x the loss sum in place
+  /// when `with_gradient` (the last stage keeps one record: its backward follows at once).
+  /// Returns the loss sum (0 without the head) and `valid_tokens` its count.
+  double stage_forward(std::size_t slot, const std::int32_t* tokens, const std::int32_t* targets,
+                       float grad_scale, bool with_gradient, std::int64_t* valid_tokens = nullptr);
+  /// The stage's backward of the micro-batch in record `slot` (after its stage_forward
+  /// with the gradient): the head's on the last stage, else from stage_gradient(); the
+  /// blocks; the embedding's on the first stage. Gradients accumulate; on_ready as
+  /// forward_backward's (over this stage's flat buffer).
+  void stage_backward(std::size_t slot, const std::function<void(std::size_t)>& on_ready = {});
 
   /// Wall time of the last forward and backward passes, in seconds (the phase timers).
   double last_forward_seconds() const;

@@ -15,21 +15,65 @@ Transformer::Transformer(const config::ModelSection& m)
 }
 
 std::vector<ParamSpec> Transformer::parameter_layout() const {
+  return parameter_layout(StageBlocks::whole());
+}
+
+namespace {
+std::int64_t last_of(const StageBlocks& s, std::int64_t n) {
+  const std::int64_t last = s.last < 0 ? n : s.last;
+  if (s.first < 0 || s.first >= last || last > n)
+    throw Error("model: stage blocks [" + std::to_string(s.first) + ", " + std::to_string(last) +
+                ") are not a non-empty range within the " + std::to_string(n) + " blocks");
+  return last;
+}
+}  // namespace
+
+std::vector<ParamSpec> Transformer::parameter_layout(const StageBlocks& stage) const {
+  const std::int64_t last = last_of(stage, n_blocks());
   std::vector<ParamSpec> specs;
-  embedding_.declare(specs);
-  for (const Block& b : blocks_)
-    b.declare(specs);
-  head_.declare(specs);
-  if (mtp_) mtp_->declare(specs);
+  if (stage.embedding) embedding_.declare(specs);
+  for (std::int64_t l = stage.first; l < last; ++l)
+    blocks_[static_cast<std::size_t>(l)].declare(specs);
+  if (stage.head) {
+    head_.declare(specs);
+    if (mtp_) mtp_->declare(specs);
+  }
   return specs;
 }
 
 void Transformer::bind(const ParamStore& params) {
-  embedding_.bind(params);
-  for (Block& b : blocks_)
-    b.bind(params);
-  head_.bind(params);
-  if (mtp_) mtp_->bind(params);
+  bind(params, StageBlocks::whole());
+}
+
+void Transformer::bind(const ParamStore& params, const StageBlocks& stage) {
+  const std::int64_t last = last_of(stage, n_blocks());
+  if (stage.embedding) embedding_.bind(params);
+  for (std::int64_t l = stage.first; l < last; ++l)
+    blocks_[static_cast<std::size_t>(l)].bind(params);
+  if (stage.head) {
+    head_.bind(params);
+    if (mtp_) mtp_->bind(params);
+  }
+}
+
+StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_t slots) {
+  const std::vector<std::int64_t> layers = config::pipeline_stage_layers(config);
+  const auto P = static_cast<int>(layers.size());
+  if (stage < 0 || stage >= P || slots < 1)
+    throw Error("model: no pipeline stage " + std::to_string(stage) + " of " + std::to_string(P) +
+                " with " + std::to_string(slots) + " activation records");
+  StageBlocks s;
+  for (int i = 0; i < stage; ++i)
+    s.first += layers[static_cast<std::size_t>(i)];
+  s.last = s.first + layers[static_cast<std::size_t>(stage)];
+  s.embedding = stage == 0;
+  s.head = stage == P - 1;
+  s.slots = slots;
+  return s;
+}
+
+std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s) {
+  return Transformer(m).parameter_layout(s);
 }
 
 namespace {

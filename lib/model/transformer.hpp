@@ -20,6 +20,7 @@
 #include "model/layers/layer.hpp"
 #include "model/layers/multi_token_prediction.hpp"
 #include "model/param_store.hpp"
+#include "model/stage.hpp"
 
 namespace dst::model {
 
@@ -29,8 +30,12 @@ class Transformer {
 
   /// Every layer's parameters in state-dict order (offsets are assigned by ParamStore).
   std::vector<ParamSpec> parameter_layout() const;
+  /// The parameters of a pipeline stage's layers only (model/stage.hpp), in the same order.
+  std::vector<ParamSpec> parameter_layout(const StageBlocks& stage) const;
   /// Resolves every layer's parameters in `params` by name.
   void bind(const ParamStore& params);
+  /// Resolves those of a stage's layers only (the others are not in its store).
+  void bind(const ParamStore& params, const StageBlocks& stage);
 
   const Embedding& embedding() const { return embedding_; }
   const Block& block(std::int64_t l) const { return blocks_[static_cast<std::size_t>(l)]; }

@@ -20,6 +20,7 @@
 #include "core/step_context.hpp"
 #include "runtime/signals.hpp"
 #include "tensor/memory.hpp"
+#include "train/pipeline_schedule.hpp"
 #include "train/schedule.hpp"
 
 namespace dst::train {
@@ -93,6 +94,27 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   const std::int64_t micro = config.training.micro_batch_size;
   const std::int64_t T = config.data.seq_len;
   const double bucket_bytes = config.parallel.bucket_mb * 1024.0 * 1024.0;
+  // Pipeline stages: this rank holds its stage's layers only, with one activation record
+  // per micro-batch 1F1B keeps in flight.
+  stages_ = layout.pipeline;
+  stage_ = groups.pipeline_rank;
+  model::StageBlocks stage = model::StageBlocks::whole();
+  if (stages_ > 1) {
+    if (tensor::device_of(ctx_) != tensor::Device::host)
+      throw Error("trainer: parallel.pipeline " + std::to_string(stages_) +
+                  " needs the model in host memory (stages send host buffers over MPI)");
+    slots_ = max_in_flight(stages_, stage_, layout.grad_accum_steps);
+    stage = model::stage_blocks(config, stage_, slots_);
+    full_layout_ = std::make_unique<model::ParamStore>(model::dense_parameter_layout(config.model),
+                                                       tensor::Arena::Mode::plan);
+    for (int s = 0; s < stages_; ++s)
+      stage_specs_.push_back(model::ParamStore(model::stage_parameter_layout(
+                                                   config.model, model::stage_blocks(config, s, 1)),
+                                               tensor::Arena::Mode::plan)
+                                 .specs());
+  }
+  const std::size_t stage_elements =
+      model::flat_buffer_elements(model::stage_parameter_layout(config.model, stage));
   const auto step = [&](const char* what, double timeout_s) {
     return options.watchdog
                ? std::make_unique<runtime::StartupStep>(*options.watchdog, what, timeout_s)
@@ -107,8 +129,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     // for the parameters' gather.
     const auto s = step("shared-memory gradient and parameter buffers of the data group",
                         config.parallel.init_timeout_s);
-    const std::size_t elements =
-        model::flat_buffer_elements(model::dense_parameter_layout(config.model));
+    const std::size_t elements = stage_elements;
     shared_ = std::make_unique<comm::SharedSum>(
         *groups.data, elements, GradBuckets::bucket_count_for(elements, bucket_bytes) + 1, 2);
   }
@@ -134,8 +155,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     // pages where the system gives them (transparent huge pages on madvise): a fault per
     // 2 MiB instead of per 4 KiB when backward writes them again each step.
     constexpr std::size_t kHuge = std::size_t{2} << 20;
-    const std::size_t bytes =
-        model::flat_buffer_elements(model::dense_parameter_layout(config.model)) * sizeof(float);
+    const std::size_t bytes = stage_elements * sizeof(float);
     const std::size_t mapped = bytes + kHuge;
     void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -153,7 +173,8 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
       storage_type(config.training.precision), config.debug.deterministic,
       shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
-      shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_);
+      shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_,
+      stage);
   // One rank alone has nothing to share: it updates its own parameters.
   if (shared_ && shared_->size() > 1) {
     shared_update_ = shared_.get();
@@ -191,8 +212,8 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                                              ps.grads_data(), ps.buffer_elements(), bucket_bytes,
                                              config.parallel.overlap, ctx_);
   // Faults::gradient_poison goes into the first gradient of the last block's MLP output
-  // (an MoE block's: its first routed expert's).
-  const std::int64_t last_block = config.model.n_layers - 1;
+  // (an MoE block's: its first routed expert's); with stages, of this stage's last block.
+  const std::int64_t last_block = model_->stage().last - 1;
   poison_offset_ =
       ps.spec(ps.index_of("model.layers." + std::to_string(last_block) +
                           (config.model.moe_layer(last_block) ? ".mlp.experts.0.down_proj.weight"
@@ -251,6 +272,17 @@ void Trainer::gather_master(float* whole) const {
 }
 
 std::vector<float> Trainer::master_parameters() const {
+  if (stages_ > 1) {
+    std::vector<float> whole(full_layout_->buffer_elements(), 0.0f);
+    for (const ckpt::TensorRef& t : whole_state_tensors(true)) {
+      if (t.name.rfind("params/", 0) != 0) continue;
+      const model::ParamSpec& spec = full_layout_->spec(full_layout_->index_of(t.name.substr(7)));
+      std::copy(t.data, t.data + spec.shape.numel(),
+                whole.begin() + static_cast<std::ptrdiff_t>(spec.offset));
+    }
+    std::vector<float>().swap(pp_state_);
+    return whole;
+  }
   if (!master_shard_) return {};
   std::vector<float> whole(model_->params().buffer_elements());
   gather_master(whole.data());
@@ -331,7 +363,8 @@ StepStats Trainer::step() {
   double mtp_sum = 0.0;  // the MTP module's loss sum
   std::int64_t valid = 0;
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
-  for (std::size_t m = 0; m < micro_batches; ++m) {
+  if (stages_ > 1) pipeline_micro_batches(backward_scale, on_ready, loss_sum, valid, st);
+  for (std::size_t m = 0; stages_ == 1 && m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
     split_rows(mb, micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
@@ -347,7 +380,8 @@ StepStats Trainer::step() {
     st.t_forward += model_->last_forward_seconds();
     st.t_backward += model_->last_backward_seconds();
   }
-  st.t_comm = buckets.wait_all();
+  const double p2p_s = st.t_comm;  // the pipeline's exposed sends and receives
+  st.t_comm = buckets.wait_all() + p2p_s;
 
   // --- the global loss: mean over every target token of every rank (one all-reduce)
   // ... and, in the same all-reduce, whether any rank was asked to stop (a signal).
@@ -356,6 +390,8 @@ StepStats Trainer::step() {
                     buckets.first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
                     runtime::stop_signal() != 0 ? 1.0 : 0.0, mtp_sum};
   groups_.data->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
+  // Stages: the loss is the last stage's (the others add +0, exact), the flags everyone's.
+  if (stages_ > 1) groups_.pipeline->allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
   st.mtp = model_->has_mtp();
   st.mtp_loss = mtp_tokens > 0.0 ? sums[4] / mtp_tokens : 0.0;
   st.stop_ranks = static_cast<int>(sums[3]);
@@ -370,11 +406,28 @@ StepStats Trainer::step() {
   double gathered_s = 0.0;  // ZeRO over MPI: the parameters' all-gather
   // The gradients are replicated: the ranks sharing the update share the norm too. ZeRO
   // over MPI: each rank holds the sums of its shard's tensors only.
-  st.grad_norm = std::sqrt(shared_update_ ? norm_.compute_shared(ctx_, ps, *groups_.data)
-                           : zero_mpi ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_,
-                                                              *groups_.data)
-                                      : norm_.compute(ctx_, ps)) *
-                 scale;
+  double sum_of_squares =
+      shared_update_ ? norm_.compute_shared(ctx_, ps, *groups_.data)
+      : zero_mpi     ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_, *groups_.data)
+                     : norm_.compute(ctx_, ps);
+  if (stages_ > 1) {
+    // Every stage's per-tensor sums (one all-gather over the pipeline group), added in the
+    // whole model's order, which is the stages' in turn: a one-stage run's bits.
+    std::vector<std::size_t> counts;
+    for (const auto& specs : stage_specs_)
+      counts.push_back(specs.size());
+    std::vector<double> all(full_layout_->size());
+    std::size_t at = 0;
+    for (int s = 0; s < stage_; ++s)
+      at += counts[static_cast<std::size_t>(s)];
+    std::copy(norm_.per_tensor().begin(), norm_.per_tensor().end(),
+              all.begin() + static_cast<std::ptrdiff_t>(at));
+    groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
+    sum_of_squares = 0.0;
+    for (const double v : all)
+      sum_of_squares += v;
+  }
+  st.grad_norm = std::sqrt(sum_of_squares) * scale;
   st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
   // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (sums[2], the
   // per-rank 0/1 flags summed: > 0 exactly when their MAX is 1), or the sum overflowed
@@ -394,6 +447,14 @@ StepStats Trainer::step() {
        << " of " << layout_.data << " data ranks had a non-finite gradient): step skipped, loss "
        << "scale " << before << " -> " << scaler_.scale();
     if (groups_.world->rank() == 0) log::warn(os.str());
+  } else if (nonfinite && stages_ > 1) {
+    const std::string where = name_nonfinite_across_stages(buckets);
+    std::ostringstream os;
+    os << "non-finite gradients at step " << step_ << ": " << where;
+    if (cfg_.debug.nan_policy == config::NanPolicy::abort)
+      throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
+    st.skipped = true;
+    ++skipped_;
   } else if (nonfinite) {
     // Name the first rank whose own gradient was non-finite, and its first tensor.
     std::int64_t first[2] = {buckets.first_nonfinite_offset() >= 0
@@ -473,6 +534,163 @@ StepStats Trainer::step() {
   return st;
 }
 
+void Trainer::send_to(int stage, const tensor::Tensor& t, int tag) {
+  auto send = std::make_unique<PendingSend>();
+  const auto n = static_cast<std::size_t>(t.numel());
+  send->data.assign(t.ptr<float>(), t.ptr<float>() + n);
+  send->request = groups_.pipeline->isend(send->data.data(), n, DType::f32, stage, tag);
+  sends_.push_back(std::move(send));
+}
+
+double Trainer::receive_from(int stage, const tensor::Tensor& t, int tag) {
+  const auto t0 = Clock::now();
+  groups_.pipeline
+      ->irecv(t.ptr<float>(), static_cast<std::size_t>(t.numel()), DType::f32, stage, tag)
+      .wait();
+  return since(t0);
+}
+
+double Trainer::settle_sends(bool all) {
+  const auto t0 = Clock::now();
+  for (auto& send : sends_)
+    if (all) send->request.wait();
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
+                              [all](const std::unique_ptr<PendingSend>& p) {
+                                return all || p->request.test();
+                              }),
+               sends_.end());
+  return since(t0);
+}
+
+void Trainer::pipeline_micro_batches(float backward_scale,
+                                     const std::function<void(std::size_t)>& on_ready,
+                                     double& loss_sum, std::int64_t& valid, StepStats& st) {
+  const std::int64_t micro = cfg_.training.micro_batch_size;
+  const std::int64_t T = cfg_.data.seq_len;
+  const std::size_t sample_len = static_cast<std::size_t>(T + 1);
+  const std::int64_t m = layout_.grad_accum_steps;
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  double waited = 0.0;
+  for (const PipeOp& op : one_f_one_b(stages_, stage_, m)) {
+    const auto slot = static_cast<std::size_t>(op.micro % slots_);
+    const int tag = static_cast<int>(2 * op.micro) + (op.kind == PipeOp::Kind::backward ? 1 : 0);
+    if (op.kind == PipeOp::Kind::forward) {
+      core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
+                              ": forward of micro-batch " + std::to_string(op.micro + 1) + "/" +
+                              std::to_string(m));
+      const std::int32_t* mb =
+          batch_.data() + static_cast<std::size_t>(op.micro * micro) * sample_len;
+      split_rows(mb, micro, T, tokens_.data(), targets_.data());
+      if (!first) waited += receive_from(stage_ - 1, model_->stage_input(slot), tag);
+      std::int64_t v = 0;
+      loss_sum +=
+          model_->stage_forward(slot, tokens_.data(), targets_.data(), backward_scale, true, &v);
+      valid += v;
+      st.t_forward += model_->last_forward_seconds();
+      if (!last) send_to(stage_ + 1, model_->stage_output(slot), tag);
+    } else {
+      core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
+                              ": backward of micro-batch " + std::to_string(op.micro + 1) + "/" +
+                              std::to_string(m));
+      if (!last) waited += receive_from(stage_ + 1, model_->stage_gradient(), tag);
+      model_->stage_backward(slot,
+                             op.micro + 1 == m ? on_ready : std::function<void(std::size_t)>());
+      st.t_backward += model_->last_backward_seconds();
+      if (!first) send_to(stage_ - 1, model_->stage_gradient(), tag);
+    }
+    settle_sends(false);
+  }
+  waited += settle_sends(true);
+  st.t_comm += waited;
+}
+
+std::size_t Trainer::stage_state_elements(int s) const {
+  std::size_t n = 0;
+  for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)])
+    n += static_cast<std::size_t>(spec.shape.numel());
+  return 3 * n;
+}
+
+std::vector<ckpt::TensorRef> Trainer::whole_state_tensors(bool gather) const {
+  // pp_state_: stage by stage, each stage's parameters, first moments and second moments,
+  // tensor after tensor in its store order, packed.
+  std::vector<std::size_t> counts, starts;
+  std::size_t total = 0;
+  for (int s = 0; s < stages_; ++s) {
+    starts.push_back(total);
+    counts.push_back(stage_state_elements(s));
+    total += counts.back();
+  }
+  pp_state_.assign(total, 0.0f);
+  if (gather) {
+    // This stage's part from its own tensors (ZeRO moments gathered whole, a device's
+    // copied: state_tensors), then every stage's part on every rank.
+    float* at = pp_state_.data() + starts[static_cast<std::size_t>(stage_)];
+    for (const ckpt::TensorRef& t : state_tensors(true)) {
+      std::size_t n = 1;
+      for (const std::int64_t d : t.shape)
+        n *= static_cast<std::size_t>(d);
+      at = std::copy(t.data, t.data + n, at);
+    }
+    groups_.pipeline->iallgather_blocks(pp_state_.data(), counts, DType::f32).wait();
+  }
+  // Views in the order of a one-stage checkpoint: every parameter in state-dict order
+  // (the stages' in turn), then the first moments, then the second.
+  std::vector<ckpt::TensorRef> out;
+  for (const char* prefix : {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
+    const std::size_t part = prefix[0] == 'p' ? 0 : prefix[10] == '/' ? 1 : 2;
+    for (int s = 0; s < stages_; ++s) {
+      const auto& specs = stage_specs_[static_cast<std::size_t>(s)];
+      const std::size_t third = counts[static_cast<std::size_t>(s)] / 3;
+      std::size_t at = starts[static_cast<std::size_t>(s)] + part * third;
+      for (const model::ParamSpec& spec : specs) {
+        std::vector<std::int64_t> shape(spec.shape.dims.begin(),
+                                        spec.shape.dims.begin() + spec.shape.rank);
+        out.push_back({prefix + spec.name, std::move(shape), pp_state_.data() + at});
+        at += static_cast<std::size_t>(spec.shape.numel());
+      }
+    }
+  }
+  return out;
+}
+
+std::string Trainer::name_nonfinite_across_stages(const GradBuckets& buckets) {
+  comm::Communicator& world = *groups_.world;
+  const auto& ps = model_->params();
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  std::int64_t first = buckets.first_nonfinite_offset() >= 0 ? world.rank() : kNone;
+  world.allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
+  std::ostringstream os;
+  if (first != kNone) {
+    // The owner names its tensor as the whole model's index and the element within it.
+    std::int64_t where[2] = {-1, -1};
+    if (world.rank() == first) {
+      const auto offset = static_cast<std::size_t>(buckets.first_nonfinite_offset());
+      const std::size_t i = tensor_at(ps, offset);
+      where[0] = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
+      where[1] = static_cast<std::int64_t>(offset - ps.spec(i).offset);
+    }
+    world.allreduce(where, 2, DType::i64, comm::ReduceOp::max);
+    os << "first on rank " << first << " (pipeline stage "
+       << comm::rank_coords(static_cast<int>(first), layout_).pipeline << "), tensor "
+       << full_layout_->spec(static_cast<std::size_t>(where[0])).name << "[" << where[1] << "]";
+  } else {
+    // The sums overflowed: each stage scans its own (ZeRO: its shard), the lowest tensor
+    // of the whole model over every rank.
+    const bool zero_mpi = zero_stage_ > 0 && !shared_;
+    const NonFinite nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
+                                  : first_nonfinite_grad(ctx_, ps);
+    std::int64_t tensor = nf.found() ? static_cast<std::int64_t>(full_layout_->index_of(
+                                           ps.spec(static_cast<std::size_t>(nf.tensor)).name))
+                                     : kNone;
+    world.allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
+    os << "no rank's own gradient was non-finite (the sum overflowed); first tensor "
+       << (tensor != kNone ? full_layout_->spec(static_cast<std::size_t>(tensor)).name
+                           : std::string("?"));
+  }
+  return os.str();
+}
+
 void Trainer::balance_moe(StepStats& st, double aux_sum) {
   // Loads of every MoE block and this rank's balance loss, summed over the data group:
   // every rank then moves the biases alike (counts are exact in double).
@@ -534,16 +752,30 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
     store.read(ids, buf.data());
     split_rows(buf.data(), micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
-    sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);
+    if (stages_ > 1) {
+      // Forward through the stages; the last one's loss.
+      const int tag = static_cast<int>(2 * b);
+      if (stage_ > 0) receive_from(stage_ - 1, model_->stage_input(0), tag);
+      sums[0] += model_->stage_forward(0, tokens_.data(), targets_.data(), 1.0f, false, &v);
+      if (stage_ < stages_ - 1) {
+        send_to(stage_ + 1, model_->stage_output(0), tag);
+        settle_sends(true);
+      }
+    } else {
+      sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);
+    }
     sums[1] += static_cast<double>(v);
   }
   groups_.data->allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
+  if (stages_ > 1) groups_.pipeline->allreduce(sums, 2, DType::f64, comm::ReduceOp::sum);
   model_->reset_moe_loads();  // balancing counts the training batches' routing only
   return {sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<std::int64_t>(sums[1])};
 }
 
 std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
-  return state_tensors(true);
+  // Stages: every stage's tensors on every rank (the checkpoint holds the whole model,
+  // written by all ranks together: it resumes at any layout).
+  return stages_ > 1 ? whole_state_tensors(true) : state_tensors(true);
 }
 
 std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device) const {
@@ -637,7 +869,10 @@ ckpt::Metadata Trainer::checkpoint_metadata() const {
 void Trainer::restore(ckpt::Reader& reader) {
   // The buffers to read into: on a device, the host copies, which the reads fill whole
   // (a mismatch throws before any read), so the device's state is not copied down first.
-  const auto wanted = state_tensors(false);
+  const auto own = state_tensors(false);
+  // Stages: every rank reads the whole model (the reads are collective), then keeps its
+  // stage's part.
+  const auto wanted = stages_ > 1 ? whole_state_tensors(false) : own;
   // Every difference at once, so a wrong deck is diagnosed in one attempt.
   std::vector<std::string> problems;
   const auto shape_text = [](const std::vector<std::int64_t>& s) {
@@ -670,6 +905,23 @@ void Trainer::restore(ckpt::Reader& reader) {
   }
   for (const auto& w : wanted)
     reader.read(w.name, w.shape, const_cast<float*>(w.data));
+  if (stages_ > 1) {
+    // This stage's tensors: the same names, in the same order within each prefix.
+    std::size_t k = 0;
+    for (const auto& w : wanted) {
+      if (k == own.size()) break;
+      if (w.name != own[k].name) continue;
+      std::size_t n = 1;
+      for (const std::int64_t d : w.shape)
+        n *= static_cast<std::size_t>(d);
+      std::copy(w.data, w.data + n, const_cast<float*>(own[k].data));
+      ++k;
+    }
+    if (k != own.size())
+      throw Error("trainer: restoring pipeline stage " + std::to_string(stage_) + ": " +
+                  std::to_string(own.size() - k) + " of its tensors are not in the whole model");
+    std::vector<float>().swap(pp_state_);
+  }
   if (optimizer_->sharded()) {
     // ZeRO: the checkpoint's moments are whole (any stage, any world size wrote them);
     // this rank keeps its shard of them.
@@ -768,19 +1020,27 @@ void Trainer::check_consistency() {
     }
     mine[i] = fingerprint(p, static_cast<std::size_t>(t.numel()));
   }
-  const int n = groups_.world->size();
+  // Stages hold different tensors: the replicas of a stage are its data group.
+  comm::Communicator& group = stages_ > 1 ? *groups_.data : *groups_.world;
+  const int n = group.size();
   std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
-  groups_.world->allgather(mine.data(), all.data(), P, DType::u64);
+  group.allgather(mine.data(), all.data(), P, DType::u64);
   for (std::size_t i = 0; i < P; ++i) {
     std::vector<int> differ;
     for (int r = 1; r < n; ++r)
       if (all[static_cast<std::size_t>(r) * P + i] != all[i]) differ.push_back(r);
     if (!differ.empty()) {
       std::ostringstream os;
+      const auto world_rank = [&](int r) {
+        if (stages_ == 1) return r;
+        comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
+        c.data = r;
+        return comm::world_rank_of(c, layout_);
+      };
       os << "parameters differ between ranks at step " << step_ << ": first tensor "
-         << ps.spec(i).name << " differs from rank 0's on rank";
+         << ps.spec(i).name << " differs from rank " << world_rank(0) << "'s on rank";
       for (const int r : differ)
-        os << " " << r;
+        os << " " << world_rank(r);
       throw CollectiveError(os.str(), kExitDiverged);
     }
   }

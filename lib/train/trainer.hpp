@@ -8,6 +8,7 @@
 /// schedule's learning rate.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -171,10 +172,18 @@ class Trainer {
   /// The dynamic loss scaler (state meaningful only when loss_scaling()).
   const LossScaler& loss_scaler() const { return scaler_; }
   model::DenseModel& model() { return *model_; }
+  /// The whole model's parameter layout (names, shapes, offsets of a flat buffer): the
+  /// model's own store, or with pipeline stages a store of the whole model built only to
+  /// plan (master_parameters() fills its layout).
+  const model::ParamStore& logical_parameters() const {
+    return full_layout_ ? *full_layout_ : model_->params();
+  }
   /// The fp32 master parameters in the ParamStore's flat layout, when they are not the
   /// model's parameter buffer (ZeRO stage >= 1 with bf16/fp16: each rank holds a shard):
   /// gathered whole (collective over the data group, every rank calls it). Empty when
-  /// the model's parameters are the master (write those).
+  /// the model's parameters are the master (write those). With pipeline stages: every
+  /// stage's parameters (the master where it is sharded) in logical_parameters()' layout
+  /// (collective over every rank).
   std::vector<float> master_parameters() const;
   const AdamW& optimizer() const { return *optimizer_; }
   const tensor::ExecContext& context() const { return ctx_; }
@@ -237,6 +246,43 @@ class Trainer {
   /// update (auxiliary-loss-free balancing, model.moe.bias_update_rate) unless the step was
   /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps.
   void balance_moe(StepStats& st, double aux_sum);
+  // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
+  /// Stages, this rank's stage, and the activation records it keeps (micro-batches in
+  /// flight under 1F1B).
+  int stages_ = 1, stage_ = 0;
+  std::int64_t slots_ = 1;
+  /// The whole model's layout (plan mode), and each stage's parameter specs (offsets of
+  /// its own store): a checkpoint's tensors are every stage's, gathered.
+  std::unique_ptr<model::ParamStore> full_layout_;
+  std::vector<std::vector<model::ParamSpec>> stage_specs_;
+  /// Sends to a neighbouring stage in flight, each with its own copy of the data; waited
+  /// before the step ends.
+  struct PendingSend {
+    std::vector<float> data;
+    comm::Request request;
+  };
+  std::vector<std::unique_ptr<PendingSend>> sends_;
+  void send_to(int stage, const tensor::Tensor& t, int tag);
+  /// Receives into `t` from `stage`; returns the seconds waited.
+  double receive_from(int stage, const tensor::Tensor& t, int tag);
+  /// Waits every send in flight (all = false: only drops those complete); the seconds.
+  double settle_sends(bool all);
+  /// The 1F1B order of this stage over the step's micro-batches (train/pipeline_schedule):
+  /// adds the loss sum and its tokens (last stage) and the phase timers.
+  void pipeline_micro_batches(float backward_scale,
+                              const std::function<void(std::size_t)>& on_ready, double& loss_sum,
+                              std::int64_t& valid, StepStats& st);
+  /// Every stage's state tensors (params, moments; state_tensors() of each stage) as the
+  /// whole model's, in the order of a one-stage checkpoint: gathered over the pipeline
+  /// group into pp_state_ (gather = true), or views of it to read into (false).
+  std::vector<ckpt::TensorRef> whole_state_tensors(bool gather) const;
+  mutable std::vector<float> pp_state_;
+  /// The elements of stage s's part of pp_state_ (3 x its parameters), and where it starts.
+  std::size_t stage_state_elements(int s) const;
+  /// Non-finite gradients with stages: "rank R, tensor NAME[i]" of the lowest world rank
+  /// whose own gradient had one, or of the lowest tensor over the stages when none had
+  /// (the sums overflowed). Collective over every rank.
+  std::string name_nonfinite_across_stages(const GradBuckets& buckets);
   /// Per MoE block and expert, steps in a row without a token (the idle-expert warning).
   std::vector<std::int64_t> idle_steps_;
   std::size_t poison_offset_ = 0;  ///< where Faults::gradient_poison goes

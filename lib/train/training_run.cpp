@@ -155,7 +155,7 @@ TrainingRun::TrainingRun(runtime::Runtime& rt, const config::RunConfig& config,
     char line[160];
     std::snprintf(
         line, sizeof line, "initial weights: %s values drawn in %.2f s (%u %s)",
-        model::format_count(static_cast<double>(trainer.model().params().parameter_count()))
+        model::format_count(static_cast<double>(trainer.logical_parameters().parameter_count()))
             .c_str(),
         now_s() - t_init, cpus, cpus == 1 ? "CPU" : "CPUs");
     log::info(line);
@@ -375,7 +375,7 @@ void TrainingRun::finish(double seconds) {
   // ZeRO with bf16/fp16: the fp32 master, gathered from the shards (collective).
   const std::vector<float> master = trainer.master_parameters();
   if (root_)
-    write_parameters_h5((dir / "final-params.h5").string(), trainer.model().params(),
+    write_parameters_h5((dir / "final-params.h5").string(), trainer.logical_parameters(),
                         trainer.steps_done(), master.empty() ? nullptr : master.data());
   if (trainer.skipped_steps() > 0)
     summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";

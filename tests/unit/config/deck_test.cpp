@@ -317,15 +317,12 @@ TEST(DeckErrors, EnumValuesListAllowed) {
   EXPECT_TRUE(Contains(load_error("training:\n  precision:\n"), "got null"));
 }
 
-// Tensor and pipeline parallelism are not implemented (issue 31): more than one rank for
-// them would only train as a silent replica, so the deck refuses it, naming the key.
-TEST(DeckErrors, TensorAndPipelineParallelismAreNotSupportedYet) {
+// Tensor parallelism is not implemented (issue 31): more than one rank for it would only
+// train as a silent replica, so the deck refuses it, naming the key.
+TEST(DeckErrors, TensorParallelismIsNotSupportedYet) {
   EXPECT_EQ(load_error("parallel:\n  tensor: 2\n"),
             "deck.yaml:2:11: parallel.tensor: 2 is not supported yet: tensor parallelism is not "
             "implemented (issue 31)");
-  EXPECT_EQ(load_error("run: {}\n", {"parallel.pipeline=4"}),
-            "--set parallel.pipeline=4: parallel.pipeline: 4 is not supported yet: pipeline "
-            "parallelism is not implemented (issue 31)");
   try {
     load("parallel: {tensor: 8, pipeline: 2}\n");
     ADD_FAILURE() << "no error";
@@ -667,8 +664,8 @@ TEST(DeckLayout, EveryRankIsADataRank) {
       load("parallel: {data: 2}\ntraining: {global_batch_size: 16, micro_batch_size: 4}\n");
   EXPECT_EQ(dst::config::resolve_layout(c, 2), layout_of(2, 2, 1, 1, 2, 16));
   EXPECT_TRUE(Contains(layout_error(c, 4),
-                       "world size 4: parallel.data: parallel.data (2) must be the world size (4) "
-                       "or auto"));
+                       "world size 4: parallel.data: parallel.data (2) must be the world size / "
+                       "parallel.pipeline (4 / 1 = 4) or auto"));
 }
 
 TEST(DeckLayout, RefusesTensorParallelismBuiltInCode) {
@@ -689,6 +686,69 @@ TEST(DeckLayout, AccumulationGivenInsteadOfGlobalBatch) {
   EXPECT_EQ(dst::config::resolve_layout(c, 4), layout_of(4, 4, 1, 1, 3, 24));
   EXPECT_EQ(dst::config::resolve_layout(c, 1), layout_of(1, 1, 1, 1, 3, 6));
   EXPECT_THROW(dst::config::resolve_layout(c, 0), dst::Error);
+}
+
+// Pipeline parallelism: stages, blocks per stage (even by default), the 1F1B schedule;
+// what stages do not hold yet is refused naming the key.
+TEST(DeckPipeline, StagesAndTheirBlocks) {
+  const RunConfig even = load("parallel: {pipeline: 2}\n");  // tiny: 4 blocks
+  EXPECT_EQ(even.parallel.pipeline, 2);
+  EXPECT_EQ(dst::config::pipeline_stage_layers(even), (std::vector<std::int64_t>{2, 2}));
+  const RunConfig three = load("model: {n_layers: 5}\nparallel: {pipeline: 3}\n");
+  EXPECT_EQ(dst::config::pipeline_stage_layers(three), (std::vector<std::int64_t>{2, 2, 1}));
+  const RunConfig uneven =
+      load("model: {n_layers: 5}\nparallel: {pipeline: 2, pipeline_layers: [1, 4]}\n");
+  EXPECT_EQ(dst::config::pipeline_stage_layers(uneven), (std::vector<std::int64_t>{1, 4}));
+  EXPECT_EQ(load("run: {}\n", {"parallel.pipeline_schedule=1f1b"}).parallel.pipeline_schedule,
+            dst::config::PipelineSchedule::one_f_one_b);
+  // The layout: data x pipeline ranks.
+  const RunConfig c =
+      load("parallel: {pipeline: 2}\ntraining: {global_batch_size: 16, micro_batch_size: 2}\n");
+  EXPECT_EQ(dst::config::resolve_layout(c, 4), layout_of(4, 2, 1, 2, 4, 16));
+  EXPECT_EQ(dst::config::resolve_layout(c, 2), layout_of(2, 1, 1, 2, 8, 16));
+  EXPECT_TRUE(Contains(layout_error(c, 3),
+                       "world size 3: parallel.pipeline: parallel.pipeline (2) does not divide the "
+                       "world size 3"));
+  const RunConfig d = load(
+      "parallel: {pipeline: 2, data: 1}\ntraining: {global_batch_size: 16, micro_batch_size: 2}\n");
+  EXPECT_TRUE(Contains(layout_error(d, 4),
+                       "parallel.data (1) must be the world size / "
+                       "parallel.pipeline (4 / 2 = 2) or auto"));
+}
+
+TEST(DeckPipeline, RefusesWhatStagesDoNotSupport) {
+  EXPECT_EQ(load_error("parallel: {pipeline: 5}\n"),
+            "deck.yaml:1:22: parallel.pipeline: parallel.pipeline (5) exceeds model.n_layers (4): "
+            "every stage needs at least one block");
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_layers: [4]}\n"),
+                       "parallel.pipeline_layers: parallel.pipeline_layers has 1 entries; it needs "
+                       "one per pipeline stage (parallel.pipeline 2)"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_layers: [1, 2]}\n"),
+                       "parallel.pipeline_layers sums to 3 blocks; it must sum to model.n_layers "
+                       "(4)"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_layers: [4, 0]}\n"),
+                       "parallel.pipeline_layers[1] must be in [1, 2147483647], got 0"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_layers: [1.5, 0.5]}\n"),
+                       "parallel.pipeline_layers[0]"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: interleaved}\n"),
+                       "parallel.pipeline_schedule: interleaved is not supported yet"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: gpipe}\n"),
+                       "expected one of 1f1b, interleaved"));
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"model: {n_routed_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 32}\n",
+       "model.n_routed_experts: a DeepSeekMoE model"},
+      {"model: {tie_embeddings: true}\n", "model.tie_embeddings: model.tie_embeddings"},
+      {"model: {mtp_depth: 1}\n", "model.mtp_depth: the multi-token prediction module"},
+      {"training: {recompute: full}\n", "training.recompute: training.recompute full"},
+      {"kernels: {backend: cuda}\n", "kernels.backend: kernels.backend cuda"},
+      {"parallel: {backend: nccl}\n", "parallel.backend: parallel.backend nccl"},
+  };
+  for (const auto& [text, message] : refused) {
+    const std::string e = load_error(text, {"parallel.pipeline=2"});
+    EXPECT_TRUE(Contains(e, message)) << text;
+    EXPECT_TRUE(Contains(e, "is not supported yet with parallel.pipeline 2")) << text;
+    EXPECT_EQ(load_error(text), "<no error>") << text;  // fine without stages
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -769,7 +829,9 @@ const std::vector<std::string> kEveryKeyChanged = {
     "parallel.data=2",
     "parallel.tensor=1",  // the only value until tensor parallelism exists (issue 31)
     "parallel.pipeline=1",
-    "parallel.backend=shm",  // not nccl: zero_stage > 0 is refused with it
+    "parallel.pipeline_layers=[3]",
+    "parallel.pipeline_schedule=interleaved",  // refused only with more than one stage
+    "parallel.backend=shm",                    // not nccl: zero_stage > 0 is refused with it
     "parallel.zero_stage=2",
     "parallel.bucket_mb=12.5",
     "parallel.timeout_s=30",
@@ -843,11 +905,12 @@ TEST(DeckYaml, EqualityCoversEveryKey) {
     // Keys whose default is invalid beside the others: latent attention's shape without
     // its rank or RoPE/value dims, MoE without its top-k or expert width, topk_group 2
     // with one group, top-3 from one kept group of 2, a moving MoE bias with bf16 and
-    // zero_stage 2.
+    // zero_stage 2, the blocks per stage without their n_layers.
     const bool pairs_up = [&] {
       for (const char* k : {"model.kv_lora_rank", "model.qk_rope_head_dim", "model.v_head_dim",
                             "model.num_experts_per_tok", "model.moe_intermediate_size",
-                            "model.n_group", "model.topk_group", "model.moe.bias_update_rate"})
+                            "model.n_group", "model.topk_group", "model.moe.bias_update_rate",
+                            "model.n_layers"})  // parallel.pipeline_layers [3] sums to it
         if (left_out.rfind(std::string(k) + "=", 0) == 0) return true;
       return false;
     }();

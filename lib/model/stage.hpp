@@ -1,0 +1,42 @@
+#pragma once
+/// \file stage.hpp
+/// The part of the model one pipeline stage holds (parallel.pipeline, docs/performance.md
+/// "pipeline parallelism"): blocks [first, last), the embedding on the first stage, the
+/// final norm, the head and the loss on the last. A stage builds and allocates only its
+/// layers: its ParamStore holds their parameters (the same names as the whole model's),
+/// its activation arena one record per micro-batch in flight (`slots`).
+
+#include <cstdint>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "model/param_store.hpp"
+
+namespace dst::model {
+
+struct StageBlocks {
+  std::int64_t first = 0;
+  std::int64_t last = -1;  ///< -1: every block (the whole model)
+  bool embedding = true;   ///< holds the embedding (the first stage)
+  bool head = true;        ///< holds the final norm, the head and the loss (the last stage)
+  /// Activation records kept at once: the micro-batches a 1F1B stage has in flight
+  /// (train::max_in_flight); 1 for the whole model. The last stage has one in flight, so
+  /// the head's record is single.
+  std::int64_t slots = 1;
+
+  /// The whole model: every block, the embedding and the head, one record.
+  static StageBlocks whole() { return {}; }
+  bool is_whole(std::int64_t n_layers) const {
+    return first == 0 && (last == -1 || last == n_layers) && embedding && head;
+  }
+};
+
+/// Stage `stage`'s blocks under config.parallel (pipeline_stage_layers), with `slots`
+/// records. Throws dst::Error for a stage outside [0, parallel.pipeline).
+StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_t slots);
+
+/// The parameters stage `s` holds, in state-dict order, with the offsets of their own
+/// store (dense_parameter_layout for the whole model).
+std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s);
+
+}  // namespace dst::model
