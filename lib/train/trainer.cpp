@@ -544,9 +544,21 @@ void Trainer::send_to(int stage, const tensor::Tensor& t, int tag) {
 
 double Trainer::receive_from(int stage, const tensor::Tensor& t, int tag) {
   const auto t0 = Clock::now();
-  groups_.pipeline
-      ->irecv(t.ptr<float>(), static_cast<std::size_t>(t.numel()), DType::f32, stage, tag)
-      .wait();
+  comm::Request r = groups_.pipeline->irecv(t.ptr<float>(), static_cast<std::size_t>(t.numel()),
+                                            DType::f32, stage, tag);
+  try {
+    r.wait();
+  } catch (const TimeoutError& e) {
+    // Name the stages and the peer's world rank: the group's rank alone is ambiguous
+    // beside data parallelism.
+    comm::RankCoords peer = comm::rank_coords(groups_.world->rank(), layout_);
+    peer.pipeline = stage;
+    throw TimeoutError("pipeline stage " + std::to_string(stage_) + " waiting for the " +
+                       (tag % 2 == 0 ? "activations" : "activation gradients") +
+                       " of micro-batch " + std::to_string(tag / 2 + 1) + " from stage " +
+                       std::to_string(stage) + " (world rank " +
+                       std::to_string(comm::world_rank_of(peer, layout_)) + "): " + e.what());
+  }
   return since(t0);
 }
 
@@ -637,8 +649,9 @@ std::vector<ckpt::TensorRef> Trainer::whole_state_tensors(bool gather) const {
   // Views in the order of a one-stage checkpoint: every parameter in state-dict order
   // (the stages' in turn), then the first moments, then the second.
   std::vector<ckpt::TensorRef> out;
-  for (const char* prefix : {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"}) {
-    const std::size_t part = prefix[0] == 'p' ? 0 : prefix[10] == '/' ? 1 : 2;
+  const char* const prefixes[3] = {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
+  for (std::size_t part = 0; part < 3; ++part) {
+    const std::string prefix = prefixes[part];
     for (int s = 0; s < stages_; ++s) {
       const auto& specs = stage_specs_[static_cast<std::size_t>(s)];
       const std::size_t third = counts[static_cast<std::size_t>(s)] / 3;

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Pipeline parallelism (parallel.pipeline, docs/performance.md "pipeline parallelism")
+end to end on the tiny model (4 blocks), the same global batch (micro-batch 2 x 4
+micro-batches = 8 sequences) in every layout, 10 steps:
+
+  PP=2, PP=4, PP=2 with blocks [1, 3]    vs PP=1: bit-identical losses, norms, final-params.h5
+  DP=2 x PP=2 on 4 ranks                  vs DP=2 on 2 ranks: bit-identical;
+                                          vs 1 rank: losses 1e-5 relative, parameters 1e-5
+                                          relative L2 (data parallelism sums in another order)
+  DP=2 x PP=2, ZeRO 2 (mpi)               vs DP=2 x PP=2, ZeRO 0 (mpi): bit-identical
+  the PP=2 checkpoint at step 5           == PP=1's, tensor by tensor, bit for bit
+  it resumes on PP=1 and PP=4             == PP=1's steps 6-10 bit for bit; on DP=2 within
+                                          the bounds above
+  a hung stage (debug.inject_hang_rank)   ends the job within the deadline (exit 4) naming
+                                          the receive, the stage and the peer
+
+Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
+micro-batches; its gradient accumulates the same micro-batches in the same order (1F1B
+runs backwards in micro-batch order); the loss sums add +0 from the other stages; the
+gradient norm adds every stage's per-tensor sums in the whole model's order. Nothing
+changes the order of a floating-point sum, so any difference is a bug (a wrong
+activation or gradient sent, a micro-batch run twice or missed, a stage's state lost
+in a checkpoint), which moves the losses by far more than rounding.
+
+usage: pipeline.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+TOL = 1e-5
+STEPS = 10
+SEQ, MICRO, GLOBAL = 64, 2, 8
+TIMEOUT_S = 5
+
+
+def rel_l2(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def main():
+    sep = sys.argv.index("--")
+    dstrain, deck, generator, work = sys.argv[1:sep]
+    mpiexec, numproc_flag, *preflags = sys.argv[sep + 1:]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    data = os.path.join(work, "data")
+    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
+                    "--train-samples", "256", "--valid-samples", "8"], check=True)
+    problems = []
+
+    def launch(name, ranks, sets):
+        out = os.path.join(work, name)
+        cmd = [mpiexec, numproc_flag, str(ranks), "--oversubscribe", *preflags, dstrain, "train",
+               deck, "--set", f"data.train={data}/train.txt", "--set", f"data.valid={data}/valid.txt",
+               "--set", "data.text_separator=", "--set", f"data.seq_len={SEQ}",
+               "--set", f"training.micro_batch_size={MICRO}",
+               "--set", f"training.global_batch_size={GLOBAL}",
+               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
+               "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
+               "--set", "eval.batches=1", "--set", "checkpoint.every_steps=5",
+               "--set", f"run.output_dir={out}"]
+        for s in sets:
+            cmd += ["--set", s]
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return out, r, time.monotonic() - t0
+
+    def run(name, ranks, sets, layout):
+        out, r, _ = launch(name, ranks, sets)
+        if r.returncode != 0:
+            print(r.stdout + r.stderr)
+            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
+        if layout not in r.stdout + r.stderr:
+            print(r.stdout + r.stderr)
+            raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
+        with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
+            params = {k: np.array(f["params"][k]) for k in f["params"]}
+        return out, steps, params
+
+    def same_bits(name, a, b, first_step=1):
+        """a: (steps, params) of the run checked; b: the reference's."""
+        ref_steps = [s for s in b[0] if s[0] >= first_step]
+        if a[0] != ref_steps:
+            problems.append(f"{name}: steps (step, loss, norm) {a[0][:3]}... differ from "
+                            f"{ref_steps[:3]}...")
+        differing = [k for k in b[1] if not np.array_equal(a[1].get(k), b[1][k])]
+        if sorted(a[1]) != sorted(b[1]) or differing:
+            problems.append(f"{name}: {len(differing)} tensors differ in final-params.h5"
+                            + (f", first {differing[0]}" if differing else ""))
+        else:
+            print(f"{name}: bit-identical ({len(a[0])} steps, {len(a[1])} tensors)")
+
+    def within(name, a, b, first_step=1):
+        ref = {s[0]: s[1] for s in b[0]}
+        worst = 0.0
+        for step, loss, _ in a[0]:
+            if step < first_step:
+                continue
+            err = abs(loss - ref[step]) / abs(ref[step])
+            worst = max(worst, err)
+            if err > TOL:
+                problems.append(f"{name}: step {step} loss {loss!r} vs {ref[step]!r}")
+        wp = max(rel_l2(a[1][k], b[1][k]) for k in b[1])
+        if wp > TOL:
+            problems.append(f"{name}: parameters relative L2 {wp:.2e} > {TOL:g}")
+        print(f"{name}: losses within {worst:.2e}, parameters within {wp:.2e} relative L2")
+
+    lay = "data {} x tensor 1 x pipeline {}"
+    pp1_out, *pp1 = run("pp1", 1, [], lay.format(1, 1))
+    pp2_out, *pp2 = run("pp2", 2, ["parallel.pipeline=2"], lay.format(1, 2))
+    same_bits("PP=2 vs PP=1", pp2, pp1)
+    _, *pp4 = run("pp4", 4, ["parallel.pipeline=4"], lay.format(1, 4))
+    same_bits("PP=4 vs PP=1", pp4, pp1)
+    _, *uneven = run("pp2-uneven", 2, ["parallel.pipeline=2", "parallel.pipeline_layers=[1, 3]"],
+                     lay.format(1, 2))
+    same_bits("PP=2 blocks [1, 3] vs PP=1", uneven, pp1)
+    _, *dp2 = run("dp2", 2, [], lay.format(2, 1))
+    _, *dp2pp2 = run("dp2pp2", 4, ["parallel.pipeline=2"], lay.format(2, 2))
+    same_bits("DP=2 x PP=2 vs DP=2", dp2pp2, dp2)
+    within("DP=2 x PP=2 vs 1 rank", dp2pp2, pp1)
+    _, *mpi0 = run("dp2pp2-mpi", 4, ["parallel.pipeline=2", "parallel.backend=mpi"],
+                   lay.format(2, 2))
+    _, *mpi2 = run("dp2pp2-zero2", 4, ["parallel.pipeline=2", "parallel.backend=mpi",
+                                       "parallel.zero_stage=2"], lay.format(2, 2))
+    same_bits("DP=2 x PP=2 ZeRO 2 vs ZeRO 0 (mpi)", mpi2, mpi0)
+
+    # The checkpoints hold the whole model whatever the layout: PP=2's == PP=1's.
+    ck = "checkpoints/step-5.h5"
+    with h5py.File(os.path.join(pp1_out, ck), "r") as a, \
+            h5py.File(os.path.join(pp2_out, ck), "r") as b:
+        names = []
+        a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset)
+                     and (n.startswith("params/") or n.startswith("optimizer/")) else None)
+        bnames = []
+        b.visititems(lambda n, o: bnames.append(n) if isinstance(o, h5py.Dataset)
+                     and (n.startswith("params/") or n.startswith("optimizer/")) else None)
+        differing = [n for n in names if n not in b or not np.array_equal(a[n][()], b[n][()])]
+        if sorted(names) != sorted(bnames) or differing or not names:
+            problems.append(f"checkpoint step 5: PP=2's {len(bnames)} tensors vs PP=1's "
+                            f"{len(names)}, {len(differing)} differ")
+        else:
+            print(f"checkpoint step 5: PP=2 == PP=1 ({len(names)} tensors, bit for bit)")
+
+    resume = f"checkpoint.resume={os.path.join(pp2_out, ck)}"
+    _, *r1 = run("resume-pp1", 1, [resume], lay.format(1, 1))
+    same_bits("PP=2 checkpoint resumed on PP=1 vs PP=1", r1, pp1, first_step=6)
+    _, *r4 = run("resume-pp4", 4, [resume, "parallel.pipeline=4"], lay.format(1, 4))
+    same_bits("PP=2 checkpoint resumed on PP=4 vs PP=1", r4, pp1, first_step=6)
+    _, *rd = run("resume-dp2", 2, [resume], lay.format(2, 1))
+    within("PP=2 checkpoint resumed on DP=2 vs PP=1", rd, pp1, first_step=6)
+
+    # A hung stage: rank 1 (stage 1) stops after the first checkpoint; stage 0 waits for
+    # its activation gradients and ends the job at the deadline, naming what and whom.
+    _, r, took = launch("hang", 2, ["parallel.pipeline=2", "debug.inject_hang_rank=1",
+                                    f"parallel.timeout_s={TIMEOUT_S}"])
+    text = r.stdout + r.stderr
+    wants = ["pipeline stage 0 waiting for the activation gradients of micro-batch 1 from stage 1 "
+             "(world rank 1)",
+             "recv (tag 1) of 32768 x f32 (131072 B) from rank 1 on group 'pipeline' (2 ranks) did "
+             f"not complete within {TIMEOUT_S} s"]
+    missing = [w for w in wants if w not in text]
+    if r.returncode != 4 or missing or took > 60:
+        print(text)
+        problems.append(f"hang: exit {r.returncode} (want 4) after {took:.1f} s (bound 60 s); "
+                        f"missing from the log: {missing}")
+    else:
+        print(f"hang: stage 1 hung, the job ended in {took:.1f} s (deadline {TIMEOUT_S} s) "
+              "naming the receive and the peer")
+
+    print("losses PP=1: " + " ".join(f"{s[1]:.6f}" for s in pp1[0]))
+    if problems:
+        print("\n".join(problems))
+        print("FAILED: pipeline parallelism does not give the one-stage run")
+        return 1
+    print("pipeline: PP=2 == PP=4 == PP=1 bit for bit; DP=2 x PP=2 == DP=2; checkpoints resume "
+          "across layouts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
