@@ -14,8 +14,18 @@
 namespace dst::app {
 
 int run_check(runtime::Runtime& rt, const Command& cmd) {
-  Session session = start_session(rt, cmd.check.deck, cmd.check.overrides, "check");
-  const config::RunConfig& cfg = session.config;
+  // --ranks with pipeline stages: the launched ranks (often one) start as data ranks of one
+  // stage; the deck as given is planned for the --ranks layout below.
+  std::vector<config::Override> launch = cmd.check.overrides;
+  if (cmd.check.plan_ranks > 0)
+    for (const char* o :
+         {"parallel.pipeline=1", "parallel.pipeline_layers=[]", "parallel.data=auto"})
+      launch.push_back(config::parse_override(o));
+  Session session = start_session(rt, cmd.check.deck, launch, "check");
+  const config::RunConfig cfg =
+      cmd.check.plan_ranks > 0
+          ? runtime::load_deck_collectively(rt, cmd.check.deck, cmd.check.overrides)
+          : session.config;
   const config::Layout& layout = session.layout;
   comm::ProcessGroups& groups = session.groups;
   const std::string resolved = config::to_yaml(cfg);

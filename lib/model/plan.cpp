@@ -176,47 +176,81 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   if (model.params().parameter_count() != plan.params.total())
     throw Error("plan: the model's layout has " + std::to_string(model.params().parameter_count()) +
                 " parameters but the closed form gives " + std::to_string(plan.params.total()));
-  const ModelMemory mm = model.memory();
 
-  // Every rank holds the whole model for its forward and backward: data-parallel ranks
-  // are replicas, and tensor and pipeline parallelism, which would split it, are not
-  // implemented (the deck refuses them, issue 31). ZeRO divides what only the optimizer
-  // step reads by the data ranks.
+  // Every rank holds the whole model for its forward and backward, or with pipeline
+  // stages its stage's layers (the heaviest stage plans the memory per rank): data-parallel
+  // ranks are replicas, and tensor parallelism, which would split it, is not implemented
+  // (the deck refuses it, issue 31). ZeRO divides what only the optimizer step reads by
+  // the data ranks.
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
-  const std::uint64_t full = mm.parameters;  // one fp32 flat buffer (with alignment)
-  const auto shard = [&](bool sharded) { return sharded ? (full + D - 1) / D : full; };
   const bool low_precision = c.training.precision != config::Precision::fp32;
-  auto& mem = plan.memory;
-  // fp32: the master parameters are what the forward reads. bf16/fp16: a 16-bit compute
-  // copy for the forward and fp32 master weights for the optimizer.
-  mem.parameters = low_precision ? full / 2 : full;
-  mem.master = low_precision ? shard(options.zero_stage >= 1) : 0;
-  // Stage 2 keeps a shard of the reduced gradients, and a bucket's pages outside it are
-  // returned once its reduce-scatter completes. When the communication keeps up with the
-  // backward (what the buckets overlap for), the last bucket is the one still in flight at
-  // the end of the backward: the peak is the shard plus one bucket, or the whole buffer
-  // when it makes no more (tiny: one bucket, reduce-scattered after the whole backward).
-  // Communication slower than the backward leaves more buckets resident, up to the whole
-  // buffer: measured on 4 ranks sharing 2 cores, 0.89-1.17 of this (docs/performance.md).
-  // Accumulating micro-batches needs every parameter's local gradient until the last one:
-  // the whole buffer then.
   const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
-  mem.gradients = options.zero_stage >= 2 && layout.grad_accum_steps == 1
-                      ? std::min(full, shard(true) + bucket)
-                      : full;
-  mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
-  // Routed experts' activations depend on the routing. The plan is dropless with the
-  // expected balanced load, top_k x tokens / n_routed_experts rows per expert; the MoE
-  // layer takes its N x top_k rows as one buffer sorted by expert (Moe::take), so the
-  // total is that whatever the imbalance. MoE blocks' host routing is in mm.activations.
-  mem.activations = mm.activations;
-  mem.recompute = mm.recompute;
-  mem.workspace = mm.workspace;
-  // Two gradient buckets in flight through the communicator (or the whole buffer, when it
-  // makes fewer buckets); ZeRO over MPI: one more on rank 0 (PlanOptions::rank).
-  mem.comm = D > 1 && options.bucket_copies ? std::min(2 * bucket, full) : 0;
-  if (D > 1 && options.bucket_copies && options.zero_stage >= 1 && options.rank == 0)
-    mem.comm += std::min(bucket, full);
+  const auto memory_of = [&](const ModelMemory& mm) {
+    MemoryPlan mem;
+    const std::uint64_t full = mm.parameters;  // one fp32 flat buffer (with alignment)
+    const auto shard = [&](bool sharded) { return sharded ? (full + D - 1) / D : full; };
+    // fp32: the master parameters are what the forward reads. bf16/fp16: a 16-bit compute
+    // copy for the forward and fp32 master weights for the optimizer.
+    mem.parameters = low_precision ? full / 2 : full;
+    mem.master = low_precision ? shard(options.zero_stage >= 1) : 0;
+    // Stage 2 keeps a shard of the reduced gradients, and a bucket's pages outside it are
+    // returned once its reduce-scatter completes. When the communication keeps up with
+    // the backward (what the buckets overlap for), the last bucket is the one still in
+    // flight at the end of the backward: the peak is the shard plus one bucket, or the
+    // whole buffer when it makes no more (tiny: one bucket, reduce-scattered after the
+    // whole backward). Communication slower than the backward leaves more buckets
+    // resident, up to the whole buffer: measured on 4 ranks sharing 2 cores, 0.89-1.17 of
+    // this (docs/performance.md). Accumulating micro-batches needs every parameter's local
+    // gradient until the last one: the whole buffer then.
+    mem.gradients = options.zero_stage >= 2 && layout.grad_accum_steps == 1
+                        ? std::min(full, shard(true) + bucket)
+                        : full;
+    mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
+    // Routed experts' activations depend on the routing. The plan is dropless with the
+    // expected balanced load, top_k x tokens / n_routed_experts rows per expert; the MoE
+    // layer takes its N x top_k rows as one buffer sorted by expert (Moe::take), so the
+    // total is that whatever the imbalance. MoE blocks' host routing is in mm.activations.
+    mem.activations = mm.activations;
+    mem.recompute = mm.recompute;
+    mem.workspace = mm.workspace;
+    // Two gradient buckets in flight through the communicator (or the whole buffer, when
+    // it makes fewer buckets); ZeRO over MPI: one more on rank 0 (PlanOptions::rank).
+    mem.comm = D > 1 && options.bucket_copies ? std::min(2 * bucket, full) : 0;
+    if (D > 1 && options.bucket_copies && options.zero_stage >= 1 && options.rank == 0)
+      mem.comm += std::min(bucket, full);
+    return mem;
+  };
+  ModelMemory mm = model.memory();
+  auto& mem = plan.memory;
+  mem = memory_of(mm);
+  if (layout.pipeline > 1) {
+    // Each stage in planning mode, as the trainer builds it (StageBlocks).
+    const std::int64_t micro = layout.grad_accum_steps;
+    for (int s = 0; s < layout.pipeline; ++s) {
+      const std::int64_t in_flight = std::min<std::int64_t>(layout.pipeline - s, micro);
+      const StageBlocks sb = stage_blocks(c, s, in_flight);
+      const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
+                            DType::f32, true, nullptr, nullptr, c.training.recompute, false, sb);
+      Plan::Stage st;
+      st.first = sb.first;
+      st.last = sb.last;
+      st.embedding = sb.embedding;
+      st.head = sb.head;
+      st.parameters = part.params().parameter_count();
+      st.in_flight = in_flight;
+      st.memory = memory_of(part.memory());
+      if (s == 0 || st.memory.total() > mem.total()) {
+        mem = st.memory;
+        mm = part.memory();
+      }
+      plan.stages.push_back(st);
+    }
+    plan.bubble_fraction = static_cast<double>(layout.pipeline - 1) / static_cast<double>(micro);
+    plan.p2p_bytes_per_micro_batch = static_cast<double>(c.training.micro_batch_size) *
+                                     static_cast<double>(T) * static_cast<double>(m.d_model) *
+                                     sizeof(float);
+  }
+  const std::uint64_t full = mm.parameters;
 
   // Ring algorithms: an all-reduce sends 2 (p-1)/p of the buffer per rank, a
   // reduce-scatter or an all-gather (p-1)/p.
@@ -246,16 +280,25 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // rate (the attention and the element-wise kernels run slower on CPUs: the prediction
   // is a lower bound there), every collective's bytes at the bus bandwidth.
   auto& st = plan.step;
+  // Pipeline stages: a stage's share of the FLOPs (an even split), stretched by 1F1B's
+  // bubble; its sends and receives (activations forward, gradients backward, one of each
+  // per micro-batch and boundary: a middle stage has two boundaries) with the collectives.
+  const double P = static_cast<double>(layout.pipeline);
   st.flops_per_rank = (plan.flops_per_token + plan.recompute_flops_per_token) *
-                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D);
+                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D) / P;
   const double gflops = low_precision ? rates.gemm_16bit_gflops : rates.gemm_fp32_gflops;
-  st.compute_s = st.flops_per_rank / (gflops * 1e9);
+  st.compute_s = st.flops_per_rank / (gflops * 1e9) * (1.0 + plan.bubble_fraction);
+  const double p2p_bytes = layout.pipeline > 1 ? 2.0 * (layout.pipeline > 2 ? 2.0 : 1.0) *
+                                                     plan.p2p_bytes_per_micro_batch *
+                                                     static_cast<double>(layout.grad_accum_steps)
+                                               : 0.0;
   // Across nodes the ring runs at the network's rate; a host kind without one (the CPU
   // rows: one node) at the node's.
   const bool across_nodes =
       static_cast<std::int64_t>(D) > rates.ranks_per_node && rates.inter_node_gbs > 0;
   const double gbs = across_nodes ? rates.inter_node_gbs : rates.intra_node_gbs;
-  st.comm_s = D > 1 ? plan.comm_bytes_per_step / (gbs * 1e9) : 0.0;
+  st.comm_s = (D > 1 ? plan.comm_bytes_per_step / (gbs * 1e9) : 0.0) +
+              p2p_bytes / (rates.intra_node_gbs * 1e9);
   return plan;
 }
 
@@ -345,12 +388,35 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
       m.gradients < m.parameters * (low ? 2 : 1) ? "(fp32" + by_data + ")" : "(fp32)");
   row("  optimizer state", bytes(m.optimizer),
       z >= 1 ? "(AdamW moments, fp32" + by_data + ")" : "(AdamW moments, fp32)");
-  row("  activations", bytes(m.activations), "(one micro-batch, kept for backward)");
+  row("  activations", bytes(m.activations),
+      plan.stages.empty() ? "(one micro-batch, kept for backward)"
+                          : "(the micro-batches in flight, kept for backward)");
   if (m.recompute > 0)
     row("  recomputed", bytes(m.recompute), "(one block's share, refilled in backward)");
   row("  workspace", bytes(m.workspace), "(backward scratch, RoPE tables)");
   row("  communication", bytes(m.comm),
       m.comm ? "(two gradient buckets in flight)" : "(none: one data rank or the shared sum)");
+  if (!plan.stages.empty()) {
+    char frac[64];
+    std::snprintf(frac, sizeof frac, "%.3f", plan.bubble_fraction);
+    row("pipeline", std::to_string(plan.stages.size()) + " stages",
+        "(1f1b over " + std::to_string(layout.grad_accum_steps) +
+            " micro-batches; bubble (P - 1) / m = " + frac +
+            "; memory per rank above: the heaviest stage)");
+    for (std::size_t s = 0; s < plan.stages.size(); ++s) {
+      const Plan::Stage& st = plan.stages[s];
+      std::string what = "blocks " + std::to_string(st.first) + "-" + std::to_string(st.last - 1);
+      if (st.embedding) what = "embedding, " + what;
+      if (st.head) what += ", final norm, head, loss";
+      row(("  stage " + std::to_string(s)).c_str(), bytes(st.memory.total()),
+          "(" + what + "; " + format_count(static_cast<double>(st.parameters)) +
+              " parameters; activations " + bytes(st.memory.activations) + " for " +
+              std::to_string(st.in_flight) + " micro-batch(es) in flight)");
+    }
+    row("point-to-point", format_bytes(plan.p2p_bytes_per_micro_batch),
+        "per micro-batch and stage boundary, each way (activations forward, their gradient "
+        "backward; fp32)");
+  }
   row("available per rank",
       available_per_rank ? format_bytes(static_cast<double>(available_per_rank)) : "unknown", "");
   for (const CollectiveVolume& v : plan.collectives)

@@ -131,6 +131,22 @@ struct Plan {
   std::vector<CollectiveVolume> collectives;
   double comm_bytes_per_step = 0;  ///< the collectives' bytes per rank, summed
   StepTime step;                   ///< on host_rates(options.host)
+  /// Pipeline stages (parallel.pipeline > 1; empty for one stage): each stage's blocks and
+  /// its ranks' memory (its layers only, one activation record per micro-batch 1F1B keeps
+  /// in flight). `memory` above is then the heaviest stage's.
+  struct Stage {
+    std::int64_t first = 0, last = 0;  ///< blocks [first, last)
+    bool embedding = false, head = false;
+    std::int64_t parameters = 0;
+    std::int64_t in_flight = 1;  ///< activation records (micro-batches in flight)
+    MemoryPlan memory;
+  };
+  std::vector<Stage> stages;
+  /// 1F1B's bubble, (P - 1) / micro-batches (0 for one stage).
+  double bubble_fraction = 0.0;
+  /// Bytes a stage boundary carries per micro-batch in each direction (the activations
+  /// forward, their gradient backward: micro-batch x seq_len x d_model fp32).
+  double p2p_bytes_per_micro_batch = 0.0;
 };
 
 /// Parameter count of the model section.
