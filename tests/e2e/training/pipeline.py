@@ -13,6 +13,7 @@ micro-batches = 8 sequences) in every layout, 10 steps:
                                           the bounds above
   a hung stage (debug.inject_hang_rank)   ends the job within the deadline (exit 4) naming
                                           the receive, the stage and the peer
+  a NaN gradient on stage 1 (abort)       exit 6 naming the rank, the stage and the tensor
 
 Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
 micro-batches; its gradient accumulates the same micro-batches in the same order (1F1B
@@ -178,6 +179,17 @@ def main():
     else:
         print(f"hang: stage 1 hung, the job ended in {took:.1f} s (deadline {TIMEOUT_S} s) "
               "naming the receive and the peer")
+
+    # A NaN in the last rank's gradient (stage 1 of DP=2 x PP=2): every rank stops alike,
+    # naming the rank, its stage and the tensor.
+    _, r, _ = launch("nan", 4, ["parallel.pipeline=2", "debug.inject_nan_step=2"])
+    want = ("non-finite gradients at step 2: first on rank 3 (pipeline stage 1), tensor "
+            "model.layers.3.mlp.down_proj.weight[0] (debug.nan_policy: abort)")
+    if r.returncode != 6 or want not in r.stdout + r.stderr:
+        print(r.stdout + r.stderr)
+        problems.append(f"nan: exit {r.returncode} (want 6), or the log does not say '{want}'")
+    else:
+        print("nan: the non-finite gradient named with its rank, stage and tensor")
 
     print("losses PP=1: " + " ".join(f"{s[1]:.6f}" for s in pp1[0]))
     if problems:
