@@ -437,9 +437,6 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
   if (m.mtp_depth > 0)
     refuse("model.mtp_depth",
            "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
-  if (c.training.recompute != Recompute::none)
-    refuse("training.recompute", "training.recompute " + to_string(c.training.recompute) +
-                                     " (its shared records are not per micro-batch)");
   if (c.kernels.backend == KernelsBackend::cuda)
     refuse("kernels.backend", "kernels.backend cuda (stages send host memory over MPI)");
   if (c.parallel.backend == ParallelBackend::nccl)

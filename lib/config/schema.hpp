@@ -387,8 +387,7 @@ void visit_parallel(V& v, S&... s) {
           Spec("Pipeline-parallel stages: the blocks split into this many consecutive stages, "
                "each on its own ranks (the world is data x pipeline ranks; docs/performance.md, "
                "\"pipeline parallelism\"). At most model.n_layers; not with DeepSeekMoE "
-               "blocks, tied embeddings, the MTP module, training.recompute or "
-               "kernels.backend cuda yet.")
+               "blocks, tied embeddings, the MTP module or kernels.backend cuda yet.")
               .at_least(1)
               .at_most(kIntMax),
           s.pipeline...);

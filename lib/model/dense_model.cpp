@@ -221,10 +221,8 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   if (s.stage.last < 0) s.stage.last = m.n_layers;
   if (!s.stage.is_whole(m.n_layers)) {
     // Stages hold dense blocks with their own records (deck.cpp refuses the rest).
-    if (m.mtp_depth > 0 || m.tie_embeddings || recompute != config::Recompute::none)
-      throw Error(
-          "model: a pipeline stage supports neither the MTP module, tied embeddings nor "
-          "training.recompute");
+    if (m.mtp_depth > 0 || m.tie_embeddings)
+      throw Error("model: a pipeline stage supports neither the MTP module nor tied embeddings");
     if (s.stage.head && s.stage.slots != 1)
       throw Error("model: the last pipeline stage keeps one activation record, not " +
                   std::to_string(s.stage.slots));

@@ -3,7 +3,8 @@
 end to end on the tiny model (4 blocks), the same global batch (micro-batch 2 x 4
 micro-batches = 8 sequences) in every layout, 10 steps:
 
-  PP=2, PP=4, PP=2 with blocks [1, 3]    vs PP=1: bit-identical losses, norms, final-params.h5
+  PP=2, PP=4, PP=2 with blocks [1, 3],
+  PP=2 with training.recompute full       vs PP=1: bit-identical losses, norms, final-params.h5
   DP=2 x PP=2 on 4 ranks                  vs DP=2 on 2 ranks: bit-identical;
                                           vs 1 rank: losses 1e-5 relative, parameters 1e-5
                                           relative L2 (data parallelism sums in another order)
@@ -127,6 +128,9 @@ def main():
     _, *uneven = run("pp2-uneven", 2, ["parallel.pipeline=2", "parallel.pipeline_layers=[1, 3]"],
                      lay.format(1, 2))
     same_bits("PP=2 blocks [1, 3] vs PP=1", uneven, pp1)
+    _, *rec = run("pp2-recompute", 2, ["parallel.pipeline=2", "training.recompute=full"],
+                  lay.format(1, 2))
+    same_bits("PP=2 recompute full vs PP=1 (none)", rec, pp1)
     _, *dp2 = run("dp2", 2, [], lay.format(2, 1))
     _, *dp2pp2 = run("dp2pp2", 4, ["parallel.pipeline=2"], lay.format(2, 2))
     same_bits("DP=2 x PP=2 vs DP=2", dp2pp2, dp2)

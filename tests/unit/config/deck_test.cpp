@@ -739,7 +739,6 @@ TEST(DeckPipeline, RefusesWhatStagesDoNotSupport) {
        "model.n_routed_experts: a DeepSeekMoE model"},
       {"model: {tie_embeddings: true}\n", "model.tie_embeddings: model.tie_embeddings"},
       {"model: {mtp_depth: 1}\n", "model.mtp_depth: the multi-token prediction module"},
-      {"training: {recompute: full}\n", "training.recompute: training.recompute full"},
       {"kernels: {backend: cuda}\n", "kernels.backend: kernels.backend cuda"},
       {"parallel: {backend: nccl}\n", "parallel.backend: parallel.backend nccl"},
   };
