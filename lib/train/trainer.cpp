@@ -224,7 +224,16 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   targets_.resize(tokens_.size());
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (send_progress_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(send_mutex_);
+      send_stop_ = true;
+    }
+    send_cv_.notify_one();
+    send_progress_.join();
+  }
+}
 
 void Trainer::gather_state(float* data) const {
   comm::SharedSum& shared = *shared_update_;
@@ -538,8 +547,36 @@ void Trainer::send_to(int stage, const tensor::Tensor& t, int tag) {
   auto send = std::make_unique<PendingSend>();
   const auto n = static_cast<std::size_t>(t.numel());
   send->data.assign(t.ptr<float>(), t.ptr<float>() + n);
+  std::lock_guard<std::mutex> lock(send_mutex_);
   send->request = groups_.pipeline->isend(send->data.data(), n, DType::f32, stage, tag);
   sends_.push_back(std::move(send));
+  if (!send_progress_.joinable() && groups_.pipeline->concurrent_progress())
+    send_progress_ = std::thread([this] { poll_sends(); });
+  send_cv_.notify_one();
+}
+
+void Trainer::poll_sends() {
+  std::unique_lock<std::mutex> lock(send_mutex_);
+  while (!send_stop_) {
+    bool pending = false;
+    try {
+      for (auto& send : sends_)
+        if (!send->done) send->done = send->request.test();
+    } catch (const std::exception& e) {
+      // A failed test: the owner's wait meets the same request and reports it.
+      log::warn(std::string("pipeline: polling a send failed: ") + e.what());
+      return;
+    }
+    for (const auto& send : sends_)
+      pending = pending || !send->done;
+    if (!pending) {
+      send_cv_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lock.lock();
+  }
 }
 
 double Trainer::receive_from(int stage, const tensor::Tensor& t, int tag) {
@@ -564,12 +601,17 @@ double Trainer::receive_from(int stage, const tensor::Tensor& t, int tag) {
 
 double Trainer::settle_sends(bool all) {
   const auto t0 = Clock::now();
-  for (auto& send : sends_)
-    if (all) send->request.wait();
+  std::lock_guard<std::mutex> lock(send_mutex_);
+  for (auto& send : sends_) {
+    if (send->done) continue;
+    if (all)
+      send->request.wait();
+    else if (!send_progress_.joinable())
+      send->done = send->request.test();
+    send->done = send->done || all;
+  }
   sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
-                              [all](const std::unique_ptr<PendingSend>& p) {
-                                return all || p->request.test();
-                              }),
+                              [](const std::unique_ptr<PendingSend>& p) { return p->done; }),
                sends_.end());
   return since(t0);
 }

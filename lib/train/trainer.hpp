@@ -7,10 +7,13 @@
 /// all-reduce, the gradient norm, the non-finite policy, clipping, AdamW at the
 /// schedule's learning rate.
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -260,8 +263,19 @@ class Trainer {
   struct PendingSend {
     std::vector<float> data;
     comm::Request request;
+    bool done = false;  ///< seen complete (guarded by send_mutex_)
   };
   std::vector<std::unique_ptr<PendingSend>> sends_;
+  /// Open MPI moves a large message only while its sender is inside an MPI call: a send
+  /// left alone during the next micro-batch's compute would reach the neighbour stage one
+  /// whole operation late, and the stages would run nearly in turn. Where the pipeline
+  /// group allows a second thread (MPI_THREAD_MULTIPLE), this one polls the sends in flight
+  /// (every 20 us while there are any); send_mutex_ guards sends_ between it and the owner.
+  std::thread send_progress_;
+  std::mutex send_mutex_;
+  std::condition_variable send_cv_;
+  bool send_stop_ = false;
+  void poll_sends();
   void send_to(int stage, const tensor::Tensor& t, int tag);
   /// Receives into `t` from `stage`; returns the seconds waited.
   double receive_from(int stage, const tensor::Tensor& t, int tag);

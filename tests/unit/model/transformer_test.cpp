@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,101 @@ TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
   EXPECT_THROW(net.forward_blocks(c, b.rope, B, T, b.blocks, 2, 4, b.head.x), dst::Error);
   EXPECT_THROW(net.backward_blocks(c, b.rope, B, T, b.blocks, b.scratch, 2, 1, b.d_x, on_ready),
                dst::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// Pipeline stages as DenseModels (model/stage.hpp): three stages of blocks {0}, {1}, {2},
+// each holding only its layers, run micro-batch by micro-batch with the activations and
+// their gradients copied between them as the trainer sends them, give the whole model's
+// loss and gradients bit for bit (the same operations on the same inputs). The middle
+// stage keeps two records, used alternately, as 1F1B keeps two micro-batches in flight.
+TEST(PipelineStages, ThreeStagesGiveTheWholeModelsLossAndGradients) {
+  const auto m = three_blocks();
+  const std::int64_t B = 2, T = 4, N = B * T;
+  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  whole.params().initialize(7);
+  whole.refresh_compute_params();
+  std::vector<std::unique_ptr<DenseModel>> stages;
+  for (int s = 0; s < 3; ++s) {
+    dst::model::StageBlocks sb;
+    sb.first = s;
+    sb.last = s + 1;
+    sb.embedding = s == 0;
+    sb.head = s == 2;
+    sb.slots = s == 1 ? 2 : 1;
+    stages.push_back(std::make_unique<DenseModel>(
+        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
+        nullptr, dst::config::Recompute::none, false, sb));
+    stages.back()->params().initialize(7);
+    stages.back()->refresh_compute_params();
+  }
+  // Each stage holds its layers' parameters only.
+  EXPECT_EQ(stages[0]->params().spec(0).name, "model.embed_tokens.weight");
+  EXPECT_EQ(stages[1]->params().spec(0).name, "model.layers.1.input_layernorm.weight");
+  EXPECT_EQ(stages[2]->params().specs().back().name, "lm_head.weight");
+  EXPECT_EQ(stages[0]->params().parameter_count() + stages[1]->params().parameter_count() +
+                stages[2]->params().parameter_count(),
+            whole.params().parameter_count());
+  EXPECT_THROW(stages[1]->params().index_of("model.embed_tokens.weight"), dst::Error);
+
+  const auto copy = [](const Tensor& from, const Tensor& to) {
+    std::memcpy(to.data, from.data, static_cast<std::size_t>(from.numel()) * sizeof(float));
+  };
+  whole.params().zero_grads();
+  for (auto& s : stages)
+    s->params().zero_grads();
+  double whole_loss = 0.0, staged_loss = 0.0;
+  for (int micro = 0; micro < 2; ++micro) {
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(N)), targets(tokens.size());
+    for (std::int64_t i = 0; i < N; ++i) {
+      tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 5 + micro * 3) % 13);
+      targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + micro) % 13);
+    }
+    whole_loss += whole.forward_backward(tokens.data(), targets.data(), 0.25f);
+    const auto slot = static_cast<std::size_t>(micro);
+    stages[0]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true);
+    copy(stages[0]->stage_output(0), stages[1]->stage_input(slot));
+    stages[1]->stage_forward(slot, tokens.data(), targets.data(), 0.25f, true);
+    copy(stages[1]->stage_output(slot), stages[2]->stage_input(0));
+    std::int64_t valid = 0;
+    staged_loss += stages[2]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true, &valid);
+    EXPECT_EQ(valid, N);
+    stages[2]->stage_backward(0);
+    copy(stages[2]->stage_gradient(), stages[1]->stage_gradient());
+    stages[1]->stage_backward(slot);
+    copy(stages[1]->stage_gradient(), stages[0]->stage_gradient());
+    stages[0]->stage_backward(0);
+  }
+  EXPECT_EQ(staged_loss, whole_loss);
+  for (const auto& s : stages)
+    for (const auto& spec : s->params().specs()) {
+      const Tensor a = s->params().grad(spec.name), b = whole.params().grad(spec.name);
+      ASSERT_EQ(a.numel(), b.numel()) << spec.name;
+      EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<std::size_t>(a.numel()) * sizeof(float)), 0)
+          << spec.name;
+    }
+}
+
+TEST(PipelineStages, StageBlocksFromTheDeck) {
+  dst::config::RunConfig c;
+  c.model = three_blocks();
+  c.parallel.pipeline = 2;
+  const auto s0 = dst::model::stage_blocks(c, 0, 2), s1 = dst::model::stage_blocks(c, 1, 1);
+  EXPECT_EQ(s0.first, 0);
+  EXPECT_EQ(s0.last, 2);  // the first stage takes the extra block
+  EXPECT_TRUE(s0.embedding);
+  EXPECT_FALSE(s0.head);
+  EXPECT_EQ(s1.first, 2);
+  EXPECT_EQ(s1.last, 3);
+  EXPECT_TRUE(s1.head);
+  EXPECT_THROW(dst::model::stage_blocks(c, 2, 1), dst::Error);
+  c.parallel.pipeline_layers = {1, 2};
+  EXPECT_EQ(dst::model::stage_blocks(c, 1, 1).first, 1);
+  EXPECT_EQ(dst::model::stage_parameter_layout(c.model, dst::model::stage_blocks(c, 0, 1)).size(),
+            1u + 9u);  // the embedding and one block
 }
 
 }  // namespace
