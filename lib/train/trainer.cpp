@@ -1080,25 +1080,52 @@ void Trainer::check_consistency() {
   const int n = group.size();
   std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
   group.allgather(mine.data(), all.data(), P, DType::u64);
-  for (std::size_t i = 0; i < P; ++i) {
-    std::vector<int> differ;
+  // The first tensor that differs within this rank's group, and the ranks that differ.
+  std::size_t bad = P;
+  std::vector<int> differ;
+  for (std::size_t i = 0; i < P && bad == P; ++i) {
     for (int r = 1; r < n; ++r)
       if (all[static_cast<std::size_t>(r) * P + i] != all[i]) differ.push_back(r);
-    if (!differ.empty()) {
-      std::ostringstream os;
-      const auto world_rank = [&](int r) {
-        if (stages_ == 1) return r;
-        comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
-        c.data = r;
-        return comm::world_rank_of(c, layout_);
-      };
-      os << "parameters differ between ranks at step " << step_ << ": first tensor "
-         << ps.spec(i).name << " differs from rank " << world_rank(0) << "'s on rank";
-      for (const int r : differ)
-        os << " " << world_rank(r);
-      throw CollectiveError(os.str(), kExitDiverged);
-    }
+    if (!differ.empty()) bad = i;
   }
+  std::string name = bad < P ? ps.spec(bad).name : std::string();
+  int stage = stage_;
+  if (stages_ > 1) {
+    // Every rank must stop alike, also the stages whose replicas agree: the lowest tensor
+    // of the whole model that differs, and its stage's differing data ranks (one
+    // all-reduce each over every rank).
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+    std::int64_t first = bad < P ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
+    groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
+    if (first == kNone) return;
+    name = full_layout_->spec(static_cast<std::size_t>(first)).name;
+    std::vector<std::int64_t> ranks(static_cast<std::size_t>(n) + 1, 0);
+    if (bad < P && name == ps.spec(bad).name) {
+      ranks[0] = stage_;
+      for (const int r : differ)
+        ranks[static_cast<std::size_t>(r) + 1] = 1;
+    }
+    groups_.world->allreduce(ranks.data(), ranks.size(), DType::i64, comm::ReduceOp::max);
+    stage = static_cast<int>(ranks[0]);
+    differ.clear();
+    for (int r = 1; r < n; ++r)
+      if (ranks[static_cast<std::size_t>(r) + 1] != 0) differ.push_back(r);
+  } else if (bad == P) {
+    return;
+  }
+  const auto world_rank = [&](int r) {
+    if (stages_ == 1) return r;
+    comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
+    c.data = r;
+    c.pipeline = stage;
+    return comm::world_rank_of(c, layout_);
+  };
+  std::ostringstream os;
+  os << "parameters differ between ranks at step " << step_ << ": first tensor " << name
+     << " differs from rank " << world_rank(0) << "'s on rank";
+  for (const int r : differ)
+    os << " " << world_rank(r);
+  throw CollectiveError(os.str(), kExitDiverged);
 }
 
 }  // namespace dst::train

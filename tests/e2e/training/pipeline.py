@@ -15,6 +15,7 @@ micro-batches = 8 sequences) in every layout, 10 steps:
   a hung stage (debug.inject_hang_rank)   ends the job within the deadline (exit 4) naming
                                           the receive, the stage and the peer
   a NaN gradient on stage 1 (abort)       exit 6 naming the rank, the stage and the tensor
+  a replica of stage 1 diverged           the consistency check stops every rank (exit 6)
 
 Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
 micro-batches; its gradient accumulates the same micro-batches in the same order (1F1B
@@ -194,6 +195,19 @@ def main():
         problems.append(f"nan: exit {r.returncode} (want 6), or the log does not say '{want}'")
     else:
         print("nan: the non-finite gradient named with its rank, stage and tensor")
+
+    # A parameter perturbed on rank 3 (stage 1, data rank 1) after step 0: the consistency
+    # check of step 1 compares each stage's replicas and stops every rank alike (exit 6),
+    # naming the tensor of the whole model and the world ranks.
+    _, r, _ = launch("diverged", 4, ["parallel.pipeline=2", "debug.inject_divergence_rank=3",
+                                     "debug.consistency_every=1", "parallel.timeout_s=60"])
+    want = ("parameters differ between ranks at step 1: first tensor "
+            "model.layers.2.input_layernorm.weight differs from rank 2's on rank 3")
+    if r.returncode != 6 or want not in r.stdout + r.stderr:
+        print(r.stdout + r.stderr)
+        problems.append(f"diverged: exit {r.returncode} (want 6), or the log does not say '{want}'")
+    else:
+        print("diverged: the consistency check stopped every stage, naming the tensor and ranks")
 
     print("losses PP=1: " + " ".join(f"{s[1]:.6f}" for s in pp1[0]))
     if problems:
