@@ -56,6 +56,11 @@ class MpiCommunicator final : public Communicator {
                                  ReduceOp op) override;
   /// MPI_Iallgatherv in place.
   Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type) override;
+  /// MPI_Ialltoall.
+  Request ialltoall(const void* send, void* recv, std::size_t count, DType type) override;
+  /// MPI_Ialltoallv (send and recv must not overlap).
+  Request ialltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                     const std::vector<std::size_t>& recv_counts, DType type) override;
 
   /// The private duplicate, for libraries that take an MPI_Comm (parallel HDF5). Owned by
   /// this object: do not free it; collectives on it must not overlap ours.

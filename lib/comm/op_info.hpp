@@ -23,6 +23,8 @@ enum class OpKind {
   barrier,
   reduce_scatter_blocks,  ///< count = every block together; root = this rank's block
   allgather_blocks,       ///< likewise
+  alltoall,               ///< count = elements to each rank
+  alltoallv,              ///< count = elements sent in all; root = elements received
 };
 
 struct OpInfo {

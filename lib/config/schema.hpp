@@ -391,6 +391,16 @@ void visit_parallel(V& v, S&... s) {
               .at_most(kIntMax)
               .with_note("`1` (more is not supported yet)"),
           s.pipeline...);
+  v.field("parallel.expert",
+          Spec("Expert-parallel ranks (docs/model.md, \"Expert parallelism\"): the routed "
+               "experts of every MoE layer are split over groups of this many consecutive data "
+               "ranks, tokens dispatched to their experts' ranks by all-to-all; must divide "
+               "model.n_routed_experts and the data ranks; 1 = every rank computes every "
+               "expert. Dropless (no capacity factor); node-limited routing and an NCCL "
+               "all-to-all are not built.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.expert...);
   v.field(
       "parallel.backend",
       Spec("Communication back end of the gradients: auto = nccl when the model runs on "
@@ -501,6 +511,13 @@ void visit_debug(V& v, S&... s) {
   v.field("debug.inject_hang_rank",
           Spec("This rank stops calling collectives; -1 = off.").at_least(-1).at_most(kIntMax),
           s.inject_hang_rank...);
+  v.field("debug.inject_hang_alltoallv_rank",
+          Spec("Once this run has committed a checkpoint, this rank hangs in the next step's "
+               "first expert all-to-all-v (parallel.expert > 1), so its peers wait in it; "
+               "-1 = off.")
+              .at_least(-1)
+              .at_most(kIntMax),
+          s.inject_hang_alltoallv_rank...);
   v.field("debug.inject_exit_rank",
           Spec("This rank exits mid-run; -1 = off.").at_least(-1).at_most(kIntMax),
           s.inject_exit_rank...);

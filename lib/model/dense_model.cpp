@@ -373,6 +373,10 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
   refresh_compute_params();
 }
 
+void DenseModel::set_expert_parallel(ExpertParallel* ep) {
+  impl_->c.experts = ep;
+}
+
 std::vector<float> DenseModel::moe_bias() const {
   std::vector<float> out;
   impl_->each_moe([&](const Moe& m, const BlockActs&) {

@@ -27,6 +27,21 @@ void check_host(const Compute& c) {
         std::string(tensor::backend_name(c.ctx.backend)) +
         " back end's memory is not (CUDA kernels for MoE are not written yet)");
 }
+
+/// Whether the routed products run over an expert group (parallel.expert > 1).
+bool parallel(const Compute& c) {
+  return c.experts != nullptr && c.experts->size() > 1;
+}
+
+/// A (rows, cols) f32 host tensor over `v` (expert parallelism's buffers).
+Tensor host_rows(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
+  Tensor t;
+  t.data = v.data();
+  t.shape = tensor::Shape{rows, cols};
+  t.dtype = DType::f32;
+  t.device = tensor::Device::host;
+  return t;
+}
 }  // namespace
 
 Moe::Moe(std::string prefix, const config::ModelSection& m, float out_std)
@@ -147,22 +162,26 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   for (std::int64_t row = 0; row < N * K; ++row)
     std::memcpy(xs + row * C, xp + static_cast<std::int64_t>(r.rows.token[row]) * C,
                 static_cast<std::size_t>(C) * sizeof(float));
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w1_[e]), row_range(a.h1, r0, n));
-    blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w3_[e]), row_range(a.h3, r0, n));
+  if (parallel(c)) {
+    experts_forward(c, a, count);
+  } else {
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w1_[e]), row_range(a.h1, r0, n));
+      blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w3_[e]), row_range(a.h3, r0, n));
+    }
+    c.store(a.h1);
+    c.store(a.h3);
+    kernels::swiglu_forward(c.ctx, a.h1, a.h3, a.g);
+    c.store(a.g);
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      blas::linear_forward(c.ctx, row_range(a.g, r0, n), c.weight(w2_[e]), row_range(a.y, r0, n));
+    }
+    c.store(a.y);
   }
-  c.store(a.h1);
-  c.store(a.h3);
-  kernels::swiglu_forward(c.ctx, a.h1, a.h3, a.g);
-  c.store(a.g);
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    blas::linear_forward(c.ctx, row_range(a.g, r0, n), c.weight(w2_[e]), row_range(a.y, r0, n));
-  }
-  c.store(a.y);
 
   // out = shared(x) + sum_k w_k y[row of (n, k)], slots summed in order k = 0 .. K-1.
   if (S_ > 0)
@@ -208,23 +227,28 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
     }
   c.store(s.d_y);
 
-  // The experts' SwiGLU backward over their rows (d_h1, d_h3 overwrite h1, h3 as Mlp's).
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n), c.weight(w2_[e]),
-                          row_range(s.d_g, r0, n), c.grad(w2_[e]));
-  }
-  kernels::swiglu_backward(c.ctx, s.d_g, a.h1, a.h3, a.h1, a.h3);
-  c.store(a.h1);
-  c.store(a.h3);
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    const Tensor xs = row_range(a.xs, r0, n), dxs = row_range(s.d_xs, r0, n);
-    blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs, c.grad(w1_[e]));
-    blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs, c.grad(w3_[e]),
-                          true);
+  if (parallel(c)) {
+    experts_backward(c, a, s);
+  } else {
+    // The experts' SwiGLU backward over their rows (d_h1, d_h3 overwrite h1, h3 as Mlp's).
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n), c.weight(w2_[e]),
+                            row_range(s.d_g, r0, n), c.grad(w2_[e]));
+    }
+    kernels::swiglu_backward(c.ctx, s.d_g, a.h1, a.h3, a.h1, a.h3);
+    c.store(a.h1);
+    c.store(a.h3);
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      const Tensor xs = row_range(a.xs, r0, n), dxs = row_range(s.d_xs, r0, n);
+      blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs,
+                            c.grad(w1_[e]));
+      blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs,
+                            c.grad(w3_[e]), true);
+    }
   }
   // dx[n] += sum_k d_xs[row of (n, k)], slots in order.
   float* dxp = dx.ptr<float>();
@@ -247,6 +271,85 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   route_backward(shape_, N, r.scores.data(), r.idx.data(), r.d_weights.data(), d_scores,
                  a.logits.ptr<float>());
   blas::linear_backward(c.ctx, a.logits, x, c.params->param(gate_), dx, c.grad(gate_), true);
+}
+
+void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count) const {
+  MoeRouting& r = *a.routing;
+  ExpertDispatch& d = r.dispatch;
+  ExpertParallel& ep = *c.experts;
+  d.plan(ep, r.rows.offset, E_);
+  const std::int64_t R = d.rows, C = C_, I = I_;
+  const auto first = static_cast<std::int64_t>(ep.rank()) * d.L;  // this rank's first expert
+  if (count) ep.traffic().rows_received += static_cast<std::uint64_t>(R);
+  d.xs.resize(static_cast<std::size_t>(R * C));
+  d.y.resize(d.xs.size());
+  d.h1.resize(static_cast<std::size_t>(R * I));
+  d.h3.resize(d.h1.size());
+  d.g.resize(d.h1.size());
+  d.dispatch(ep, a.xs.ptr<float>(), d.xs.data(), C);
+  if (R > 0) {
+    const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
+                 g = host_rows(d.g, R, I), y = host_rows(d.y, R, C);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;  // an expert no token chose
+      const auto e = static_cast<std::size_t>(first + l);
+      blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w1_[e]), row_range(h1, r0, n));
+      blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w3_[e]), row_range(h3, r0, n));
+    }
+    c.store(h1);
+    c.store(h3);
+    kernels::swiglu_forward(c.ctx, h1, h3, g);
+    c.store(g);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;
+      const auto e = static_cast<std::size_t>(first + l);
+      blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(w2_[e]), row_range(y, r0, n));
+    }
+    c.store(y);
+  }
+  d.combine(ep, d.y.data(), a.y.ptr<float>(), C);
+}
+
+void Moe::experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s) const {
+  ExpertDispatch& d = a.routing->dispatch;
+  ExpertParallel& ep = *c.experts;
+  const std::int64_t R = d.rows, C = C_, I = I_;
+  const auto first = static_cast<std::int64_t>(ep.rank()) * d.L;
+  d.d_y.resize(static_cast<std::size_t>(R * C));
+  d.d_xs.resize(d.d_y.size());
+  d.d_g.resize(static_cast<std::size_t>(R * I));
+  d.dispatch(ep, s.d_y.ptr<float>(), d.d_y.data(), C);
+  if (R > 0) {
+    const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
+                 g = host_rows(d.g, R, I), dy = host_rows(d.d_y, R, C), dg = host_rows(d.d_g, R, I),
+                 dxs = host_rows(d.d_xs, R, C);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;
+      const auto e = static_cast<std::size_t>(first + l);
+      blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n), c.weight(w2_[e]),
+                            row_range(dg, r0, n), c.grad(w2_[e]));
+    }
+    kernels::swiglu_backward(c.ctx, dg, h1, h3, h1, h3);
+    c.store(h1);
+    c.store(h3);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;
+      const auto e = static_cast<std::size_t>(first + l);
+      const Tensor x = row_range(xs, r0, n), dx = row_range(dxs, r0, n);
+      blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(w1_[e]), dx, c.grad(w1_[e]));
+      blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(w3_[e]), dx, c.grad(w3_[e]),
+                            true);
+    }
+  }
+  d.combine(ep, d.d_xs.data(), s.d_xs.ptr<float>(), C);
 }
 
 void Moe::update_bias(const ParamStore& params, const std::vector<double>& load,

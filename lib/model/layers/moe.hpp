@@ -25,6 +25,7 @@
 #include "config/run_config.hpp"
 #include "model/layers/layer.hpp"
 #include "model/layers/mlp.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "model/layers/moe_router.hpp"
 #include "tensor/arena.hpp"
 
@@ -41,6 +42,7 @@ struct MoeRouting {
   ExpertRows rows;                // the grouped products' rows
   std::vector<double> load;       // (E) tokens routed to each expert since the last reset
   double aux_loss = 0.0;          // the last forward's balance loss (summed over sequences)
+  ExpertDispatch dispatch;        // expert parallelism: the last forward's exchange
 };
 
 /// What the MoE layer keeps from forward for backward (with its input).
@@ -106,6 +108,12 @@ class Moe {
   std::size_t bias_index() const { return bias_; }
 
  private:
+  /// Expert parallelism: the routed products of the rows in a.xs (sorted by expert) on
+  /// their experts' ranks, their outputs back into a.y (forward); the gradients of a.y's
+  /// rows in s.d_y to the experts' ranks, the rows' input gradients back into s.d_xs
+  /// (backward). Collective over c.experts.
+  void experts_forward(const Compute& c, const MoeActs& a, bool count) const;
+  void experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s) const;
   std::string prefix_;
   std::int64_t C_, E_, K_, I_, S_;
   RouterShape shape_;
