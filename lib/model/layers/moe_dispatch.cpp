@@ -64,8 +64,10 @@ void ExpertDispatch::plan(ExpertParallel& ep, const std::vector<std::int64_t>& o
                           std::int64_t experts) {
   P = ep.size();
   if (experts % P != 0)
-    throw Error("model: expert parallelism over " + std::to_string(P) + " ranks needs a number of "
-                "routed experts it divides, got " + std::to_string(experts));
+    throw Error("model: expert parallelism over " + std::to_string(P) +
+                " ranks needs a number of "
+                "routed experts it divides, got " +
+                std::to_string(experts));
   L = experts / P;
   const auto n = static_cast<std::size_t>(experts);
   send_counts.resize(n);
@@ -103,9 +105,10 @@ void ExpertDispatch::dispatch(ExpertParallel& ep, const float* rows_in, float* o
   stage.resize(static_cast<std::size_t>(rows) * w);
   ep.exchange_rows(rows_in, send_rows, stage.data(), recv_rows, width);
   for (std::int64_t i = 0; i < rows; ++i)
-    std::memcpy(out + static_cast<std::size_t>(i) * w,
-                stage.data() + static_cast<std::size_t>(source_row[static_cast<std::size_t>(i)]) * w,
-                w * sizeof(float));
+    std::memcpy(
+        out + static_cast<std::size_t>(i) * w,
+        stage.data() + static_cast<std::size_t>(source_row[static_cast<std::size_t>(i)]) * w,
+        w * sizeof(float));
 }
 
 void ExpertDispatch::combine(ExpertParallel& ep, const float* in, float* rows_out,
@@ -113,8 +116,9 @@ void ExpertDispatch::combine(ExpertParallel& ep, const float* in, float* rows_ou
   const auto w = static_cast<std::size_t>(width);
   stage.resize(static_cast<std::size_t>(rows) * w);
   for (std::int64_t i = 0; i < rows; ++i)
-    std::memcpy(stage.data() + static_cast<std::size_t>(source_row[static_cast<std::size_t>(i)]) * w,
-                in + static_cast<std::size_t>(i) * w, w * sizeof(float));
+    std::memcpy(
+        stage.data() + static_cast<std::size_t>(source_row[static_cast<std::size_t>(i)]) * w,
+        in + static_cast<std::size_t>(i) * w, w * sizeof(float));
   ep.exchange_rows(stage.data(), recv_rows, rows_out, send_rows, width);
 }
 

@@ -347,12 +347,14 @@ TEST(DeckErrors, ExpertParallelism) {
             "--set parallel.expert=3: parallel.expert: parallel.expert (3) does not divide "
             "model.n_routed_experts (8): each rank of an expert group holds the same number of "
             "experts");
-  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {expert: 2, backend: nccl}\n"),
-                       "parallel.expert: parallel.expert 2 is not supported with parallel.backend "
-                       "nccl"));
+  EXPECT_TRUE(
+      Contains(load_error("model: {preset: tiny-moe}\nparallel: {expert: 2, backend: nccl}\n"),
+               "parallel.expert: parallel.expert 2 is not supported with parallel.backend "
+               "nccl"));
   EXPECT_TRUE(Contains(load_error("parallel:\n  expert: 0\n"), "parallel.expert"));
-  const RunConfig c = load("model: {preset: tiny-moe}\nparallel: {expert: 4}\n"
-                           "training: {global_batch_size: 16, micro_batch_size: 2}\n");
+  const RunConfig c = load(
+      "model: {preset: tiny-moe}\nparallel: {expert: 4}\n"
+      "training: {global_batch_size: 16, micro_batch_size: 2}\n");
   EXPECT_EQ(c.parallel.expert, 4);
   const dst::config::Layout four = dst::config::resolve_layout(c, 4);
   EXPECT_EQ(four.expert, 4);
@@ -362,7 +364,8 @@ TEST(DeckErrors, ExpertParallelism) {
     ADD_FAILURE() << "no error";
   } catch (const DeckError& e) {
     EXPECT_EQ(e.key(), "parallel.expert");
-    EXPECT_TRUE(Contains(e.what(), "parallel.expert (4) does not divide the data-parallel ranks (2)"))
+    EXPECT_TRUE(
+        Contains(e.what(), "parallel.expert (4) does not divide the data-parallel ranks (2)"))
         << e.what();
   }
   EXPECT_EQ(dst::config::resolve_layout(load("model: {preset: tiny-moe}\n"), 2).expert, 1);
@@ -800,7 +803,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "parallel.data=2",
     "parallel.tensor=1",  // the only value until tensor parallelism exists (issue 31)
     "parallel.pipeline=1",
-    "parallel.expert=2",  // divides model.n_routed_experts (8) and parallel.data (2)
+    "parallel.expert=2",     // divides model.n_routed_experts (8) and parallel.data (2)
     "parallel.backend=shm",  // not nccl: zero_stage > 0 is refused with it
     "parallel.zero_stage=2",
     "parallel.bucket_mb=12.5",
@@ -878,10 +881,10 @@ TEST(DeckYaml, EqualityCoversEveryKey) {
     // with one group, top-3 from one kept group of 2, a moving MoE bias with bf16 and
     // zero_stage 2, expert parallelism without routed experts.
     const bool pairs_up = [&] {
-      for (const char* k : {"model.kv_lora_rank", "model.qk_rope_head_dim", "model.v_head_dim",
-                            "model.num_experts_per_tok", "model.moe_intermediate_size",
-                            "model.n_group", "model.topk_group", "model.moe.bias_update_rate",
-                            "model.n_routed_experts"})
+      for (const char* k :
+           {"model.kv_lora_rank", "model.qk_rope_head_dim", "model.v_head_dim",
+            "model.num_experts_per_tok", "model.moe_intermediate_size", "model.n_group",
+            "model.topk_group", "model.moe.bias_update_rate", "model.n_routed_experts"})
         if (left_out.rfind(std::string(k) + "=", 0) == 0) return true;
       return false;
     }();
