@@ -130,7 +130,11 @@ struct Plan {
   /// The data group's collectives of one step (none on one data rank).
   std::vector<CollectiveVolume> collectives;
   double comm_bytes_per_step = 0;  ///< the collectives' bytes per rank, summed
-  StepTime step;                   ///< on host_rates(options.host)
+  /// Expert parallelism (layout.expert > 1): the bytes one rank sends per step in one MoE
+  /// layer's all-to-alls (dispatch and combine, forward and backward, every micro-batch;
+  /// balanced load assumed); 0 without.
+  double alltoall_bytes_per_moe_layer = 0;
+  StepTime step;  ///< on host_rates(options.host)
 };
 
 /// Parameter count of the model section.

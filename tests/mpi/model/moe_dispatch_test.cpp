@@ -41,11 +41,12 @@ constexpr std::int64_t kB = 2, kT = 12, kN = kB * kT;
 dst::config::ModelSection model_section(int top_k) {
   // tiny-moe's routing (sigmoid scores, a correction bias, top-k normalised and scaled),
   // small: C 32, 4 routed experts of width 16 and one shared expert.
-  const std::string deck = "model:\n  preset: tiny-moe\n  d_model: 32\n  n_routed_experts: 4\n"
-                           "  num_experts_per_tok: " +
-                           std::to_string(top_k) +
-                           "\n  moe_intermediate_size: 16\n  n_shared_experts: 1\n"
-                           "  n_group: 1\n  topk_group: 1\n";
+  const std::string deck =
+      "model:\n  preset: tiny-moe\n  d_model: 32\n  n_routed_experts: 4\n"
+      "  num_experts_per_tok: " +
+      std::to_string(top_k) +
+      "\n  moe_intermediate_size: 16\n  n_shared_experts: 1\n"
+      "  n_group: 1\n  topk_group: 1\n";
   return dst::config::load_deck_text(deck, "moe_dispatch_test").model;
 }
 
