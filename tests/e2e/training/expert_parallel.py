@@ -8,7 +8,8 @@ batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
    metrics.jsonl, and the correction biases that follow them, compared exactly). The E > 1
    runs log their all-to-all (alltoall_ms, alltoall_bytes > 0) and the rows per rank after
    dispatch (expert_rows_max_over_mean >= 1).
-2. ZeRO: E = 2 with parallel.zero_stage 1 and E = 4 with stage 2 against E = 1, alike.
+2. ZeRO: E = 2 with parallel.zero_stage 1 and E = 4 with stage 2 against E = 1, alike;
+   and E = 2 with training.recompute full (the recomputed forward dispatches again).
 3. The E = 4 run's checkpoint of step 5 resumed at E = 2 (2 ranks) and E = 1 (1 rank):
    steps 6-10 and the final parameters within 1e-5 of the E = 1 run (the checkpoint
    stores each expert as its own logical tensor, whatever E).
@@ -123,6 +124,9 @@ def main():
 
     compare("np=4 E=2 zero 1", run("np4-e2-zero1", 4, 2, "--set", "parallel.zero_stage=1"), ref)
     compare("np=4 E=4 zero 2", run("np4-e4-zero2", 4, 4, "--set", "parallel.zero_stage=2"), ref)
+    # training.recompute full: the backward's second forward dispatches again.
+    compare("np=4 E=2 recompute full",
+            run("np4-e2-recompute", 4, 2, "--set", "training.recompute=full"), ref)
 
     source = os.path.join(e4["out"], "checkpoints", f"step-{EVERY}.h5")
     resume = ("--set", f"checkpoint.resume={source}")
@@ -133,8 +137,8 @@ def main():
         for p in problems:
             print("FAILED: " + p)
         return 1
-    print("expert parallel: E=2 == E=4 == E=1 within 1e-5, ZeRO 1/2, resume from E=4 at E=2 "
-          "and E=1")
+    print("expert parallel: E=2 == E=4 == E=1 within 1e-5, ZeRO 1/2, recompute, resume from E=4 "
+          "at E=2 and E=1")
     return 0
 
 
