@@ -210,6 +210,20 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // layer takes its N x top_k rows as one buffer sorted by expert (Moe::take), so the
   // total is that whatever the imbalance. MoE blocks' host routing is in mm.activations.
   mem.activations = mm.activations;
+  // Expert parallelism: each MoE block keeps the rows its experts received for its backward
+  // (layers/moe_dispatch.hpp, host memory outside the arenas: inputs, outputs, their
+  // gradients and the staging copy, 5 x d_model, and the SwiGLU's h1, h3, g and g's
+  // gradient, 4 x moe_intermediate_size, fp32), planned at the balanced load of micro x
+  // seq_len x top-k rows per rank.
+  if (layout.expert > 1 && m.n_routed_experts > 0) {
+    const std::int64_t blocks =
+        count_parameters(m).moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+    const auto rows = static_cast<std::uint64_t>(c.training.micro_batch_size * c.data.seq_len *
+                                                 m.num_experts_per_tok);
+    mem.activations += static_cast<std::uint64_t>(blocks) * rows *
+                       static_cast<std::uint64_t>(5 * m.d_model + 4 * m.moe_intermediate_size) *
+                       sizeof(float);
+  }
   mem.recompute = mm.recompute;
   mem.workspace = mm.workspace;
   // Two gradient buckets in flight through the communicator (or the whole buffer, when it
