@@ -162,8 +162,15 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   for (std::int64_t row = 0; row < N * K; ++row)
     std::memcpy(xs + row * C, xp + static_cast<std::int64_t>(r.rows.token[row]) * C,
                 static_cast<std::size_t>(C) * sizeof(float));
+  // out = shared(x) (or 0), before the routed outputs are added.
+  const auto shared_part = [&] {
+    if (S_ > 0)
+      shared_.forward(c, x, a.shared, out);
+    else
+      kernels::zero(c.ctx, out);
+  };
   if (parallel(c)) {
-    experts_forward(c, a, count);
+    experts_forward(c, a, count, shared_part);  // the shared product overlaps the dispatch
   } else {
     for (std::int64_t e = 0; e < E_; ++e) {
       const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
@@ -181,13 +188,10 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
       blas::linear_forward(c.ctx, row_range(a.g, r0, n), c.weight(w2_[e]), row_range(a.y, r0, n));
     }
     c.store(a.y);
+    shared_part();
   }
 
-  // out = shared(x) + sum_k w_k y[row of (n, k)], slots summed in order k = 0 .. K-1.
-  if (S_ > 0)
-    shared_.forward(c, x, a.shared, out);
-  else
-    kernels::zero(c.ctx, out);
+  // out += sum_k w_k y[row of (n, k)], slots summed in order k = 0 .. K-1.
   float* o = out.ptr<float>();
   const float* y = a.y.ptr<float>();
   for (std::int64_t t = 0; t < N; ++t)
@@ -205,10 +209,14 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   const std::int64_t N = B * T, C = C_, K = K_;
   MoeRouting& r = *a.routing;
   c.store(dout);
-  if (S_ > 0)
-    shared_.backward(c, dout, x, a.shared, s.shared, dx);
-  else
-    kernels::zero(c.ctx, dx);
+  // dx = the shared experts' input gradient (or 0), before the routed part is added.
+  const auto shared_part = [&] {
+    if (S_ > 0)
+      shared_.backward(c, dout, x, a.shared, s.shared, dx);
+    else
+      kernels::zero(c.ctx, dx);
+  };
+  if (!parallel(c)) shared_part();
 
   // d_y[row of (n, k)] = w_k dout[n];  d_w[n, k] = dout[n] . y[row of (n, k)]
   const float* d = dout.ptr<float>();
@@ -228,7 +236,7 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   c.store(s.d_y);
 
   if (parallel(c)) {
-    experts_backward(c, a, s);
+    experts_backward(c, a, s, shared_part);  // the shared backward overlaps the dispatch
   } else {
     // The experts' SwiGLU backward over their rows (d_h1, d_h3 overwrite h1, h3 as Mlp's).
     for (std::int64_t e = 0; e < E_; ++e) {
@@ -273,7 +281,8 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   blas::linear_backward(c.ctx, a.logits, x, c.params->param(gate_), dx, c.grad(gate_), true);
 }
 
-void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count) const {
+void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count,
+                          const std::function<void()>& overlap) const {
   MoeRouting& r = *a.routing;
   ExpertDispatch& d = r.dispatch;
   ExpertParallel& ep = *c.experts;
@@ -286,7 +295,7 @@ void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count) const 
   d.h1.resize(static_cast<std::size_t>(R * I));
   d.h3.resize(d.h1.size());
   d.g.resize(d.h1.size());
-  d.dispatch(ep, a.xs.ptr<float>(), d.xs.data(), C);
+  d.dispatch(ep, a.xs.ptr<float>(), d.xs.data(), C, overlap);
   if (R > 0) {
     const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
                  g = host_rows(d.g, R, I), y = host_rows(d.y, R, C);
@@ -314,7 +323,8 @@ void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count) const 
   d.combine(ep, d.y.data(), a.y.ptr<float>(), C);
 }
 
-void Moe::experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s) const {
+void Moe::experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s,
+                           const std::function<void()>& overlap) const {
   ExpertDispatch& d = a.routing->dispatch;
   ExpertParallel& ep = *c.experts;
   const std::int64_t R = d.rows, C = C_, I = I_;
@@ -322,7 +332,7 @@ void Moe::experts_backward(const Compute& c, const MoeActs& a, const MoeScratch&
   d.d_y.resize(static_cast<std::size_t>(R * C));
   d.d_xs.resize(d.d_y.size());
   d.d_g.resize(static_cast<std::size_t>(R * I));
-  d.dispatch(ep, s.d_y.ptr<float>(), d.d_y.data(), C);
+  d.dispatch(ep, s.d_y.ptr<float>(), d.d_y.data(), C, overlap);
   if (R > 0) {
     const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
                  g = host_rows(d.g, R, I), dy = host_rows(d.d_y, R, C), dg = host_rows(d.d_g, R, I),

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,8 +113,11 @@ class Moe {
   /// their experts' ranks, their outputs back into a.y (forward); the gradients of a.y's
   /// rows in s.d_y to the experts' ranks, the rows' input gradients back into s.d_xs
   /// (backward). Collective over c.experts.
-  void experts_forward(const Compute& c, const MoeActs& a, bool count) const;
-  void experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s) const;
+  /// `overlap` (the shared experts' part) runs while the rows travel to the experts.
+  void experts_forward(const Compute& c, const MoeActs& a, bool count,
+                       const std::function<void()>& overlap) const;
+  void experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s,
+                        const std::function<void()>& overlap) const;
   std::string prefix_;
   std::int64_t C_, E_, K_, I_, S_;
   RouterShape shape_;

@@ -38,6 +38,14 @@ void ExpertParallel::exchange_counts(const std::int64_t* send, std::int64_t* rec
 void ExpertParallel::exchange_rows(const float* send, const std::vector<std::size_t>& send_rows,
                                    float* recv, const std::vector<std::size_t>& recv_rows,
                                    std::int64_t width) {
+  comm::Request r = start_rows(send, send_rows, recv, recv_rows, width);
+  finish_rows(r);
+}
+
+comm::Request ExpertParallel::start_rows(const float* send,
+                                         const std::vector<std::size_t>& send_rows, float* recv,
+                                         const std::vector<std::size_t>& recv_rows,
+                                         std::int64_t width) {
   if (hang_) {
     log::warn("debug.inject_hang_alltoallv_rank: hanging before the expert all-to-all-v");
     core::FlightScope hang("debug.inject_hang_alltoallv_rank: a deliberate hang");
@@ -51,13 +59,20 @@ void ExpertParallel::exchange_rows(const float* send, const std::vector<std::siz
   for (std::size_t r = 0; r < rc.size(); ++r)
     rc[r] = recv_rows[r] * w;
   const auto t0 = Clock::now();
-  group_.ialltoallv(send, sc, recv, rc, DType::f32).wait();
+  comm::Request r = group_.ialltoallv(send, sc, recv, rc, DType::f32);
   traffic_.seconds += since(t0);
   // Bytes that crossed to other ranks (a rank's block to itself is a local copy).
   const auto me = static_cast<std::size_t>(rank());
   traffic_.bytes_sent += (total(sc) - sc[me]) * sizeof(float);
   traffic_.bytes_received += (total(rc) - rc[me]) * sizeof(float);
   ++traffic_.exchanges;
+  return r;
+}
+
+void ExpertParallel::finish_rows(comm::Request& request) {
+  const auto t0 = Clock::now();
+  request.wait();
+  traffic_.seconds += since(t0);
 }
 
 void ExpertDispatch::plan(ExpertParallel& ep, const std::vector<std::int64_t>& offset,
@@ -101,9 +116,16 @@ void ExpertDispatch::plan(ExpertParallel& ep, const std::vector<std::int64_t>& o
 
 void ExpertDispatch::dispatch(ExpertParallel& ep, const float* rows_in, float* out,
                               std::int64_t width) {
+  dispatch(ep, rows_in, out, width, {});
+}
+
+void ExpertDispatch::dispatch(ExpertParallel& ep, const float* rows_in, float* out,
+                              std::int64_t width, const std::function<void()>& overlap) {
   const auto w = static_cast<std::size_t>(width);
   stage.resize(static_cast<std::size_t>(rows) * w);
-  ep.exchange_rows(rows_in, send_rows, stage.data(), recv_rows, width);
+  comm::Request request = ep.start_rows(rows_in, send_rows, stage.data(), recv_rows, width);
+  if (overlap) overlap();
+  ep.finish_rows(request);
   for (std::int64_t i = 0; i < rows; ++i)
     std::memcpy(
         out + static_cast<std::size_t>(i) * w,

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -52,6 +53,13 @@ class ExpertParallel {
   /// (the message names "alltoallv").
   void exchange_rows(const float* send, const std::vector<std::size_t>& send_rows, float* recv,
                      const std::vector<std::size_t>& recv_rows, std::int64_t width);
+  /// exchange_rows() in two halves, so that work can run while the rows travel (as far as
+  /// the back end progresses without being polled: Open MPI's shared memory moves what
+  /// fits its eager buffers at the start). finish_rows() waits (the group's deadline).
+  comm::Request start_rows(const float* send, const std::vector<std::size_t>& send_rows,
+                           float* recv, const std::vector<std::size_t>& recv_rows,
+                           std::int64_t width);
+  void finish_rows(comm::Request& request);
 
   const ExpertTraffic& traffic() const { return traffic_; }
   ExpertTraffic& traffic() { return traffic_; }
@@ -86,6 +94,9 @@ struct ExpertDispatch {
   /// The sender's rows (sorted by expert) to the experts' ranks, into `out` (R, width)
   /// expert-major. Collective.
   void dispatch(ExpertParallel& ep, const float* rows, float* out, std::int64_t width);
+  /// dispatch() with `overlap` run while the rows travel (the shared experts' product).
+  void dispatch(ExpertParallel& ep, const float* rows, float* out, std::int64_t width,
+                const std::function<void()>& overlap);
   /// The expert-major rows `in` (R, width) back to their senders, into `rows` in the
   /// sender's sorted order. Collective.
   void combine(ExpertParallel& ep, const float* in, float* rows, std::int64_t width);
