@@ -27,37 +27,15 @@ __global__ void gather_token_rows(const float* x,             // (N, C)
   }
 }
 
-/// dx[n, j..] += d_out[row[n, 0], j..] + d_out[row[n, 1], j..] + ..., in slot order.
-template <bool kVec>
-__global__ void add_token_rows(const float* d_out,       // (R, C)
-                               const std::int32_t* row,  // (N, K)
-                               float* dx,                // (N, C)
-                               const Index n, const Index k_slots, const Index c) {
-  const Index quads = ceil_div(c, 4);
-  for (Index q = grid_start(); q < n * quads; q += grid_stride()) {
-    const Index t = q / quads;
-    const Index j = (q - t * quads) * 4;
-    float acc[4];
-    load4<kVec>(dx + t * c, j, c, acc);
-    for (Index k = 0; k < k_slots; ++k) {
-      float d[4];
-      load4<kVec>(d_out + static_cast<Index>(row[t * k_slots + k]) * c, j, c, d);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[e] += d[e];
-    }
-    store4<kVec>(dx + t * c, j, c, acc);
-  }
-}
-
 /// out[n, j..] += w[n, 0] y[row[n, 0], j..] + w[n, 1] y[row[n, 1], j..] + ..., in slot
-/// order (each product rounded, then added: -fmad=false, as the Kokkos loop).
+/// order (each product rounded, then added: -fmad=false, as the Kokkos loop); w = 1
+/// without weights (gather_rows' transpose: 1 * y is y, a plain sum's bits).
 template <bool kVec>
-__global__ void combine_tokens(const float* y,            // (R, C)
-                               const std::int32_t* row,   // (N, K)
-                               const float* weights,      // (N, K)
-                               float* out,                // (N, C)
-                               const Index n, const Index k_slots, const Index c) {
+__global__ void add_slot_rows(const float* y,           // (R, C)
+                              const std::int32_t* row,  // (N, K)
+                              const float* weights,     // (N, K), or nullptr
+                              float* out,               // (N, C)
+                              const Index n, const Index k_slots, const Index c) {
   const Index quads = ceil_div(c, 4);
   for (Index q = grid_start(); q < n * quads; q += grid_stride()) {
     const Index t = q / quads;
@@ -65,7 +43,7 @@ __global__ void combine_tokens(const float* y,            // (R, C)
     float acc[4];
     load4<kVec>(out + t * c, j, c, acc);
     for (Index k = 0; k < k_slots; ++k) {
-      const float w = weights[t * k_slots + k];
+      const float w = weights != nullptr ? weights[t * k_slots + k] : 1.0f;
       float v[4];
       load4<kVec>(y + static_cast<Index>(row[t * k_slots + k]) * c, j, c, v);
 #pragma unroll
@@ -128,8 +106,9 @@ void run(void* stream, const kernels::detail::GatherRowsBackwardArgs& a) {
   const bool vec = a.c % 4 == 0 && aligned16(a.d_out) && aligned16(a.dx);
   with_flag(vec, [&](auto kVec) {
     DST_CUDA_LAUNCH("dst::kernels::gather_rows_backward::tokens",
-                    add_token_rows<decltype(kVec)::value>, element_grid(a.n * ceil_div(a.c, 4)),
-                    dim3(kElementThreads), stream_of(stream), a.d_out, a.row, a.dx, a.n, a.k, a.c);
+                    add_slot_rows<decltype(kVec)::value>, element_grid(a.n * ceil_div(a.c, 4)),
+                    dim3(kElementThreads), stream_of(stream), a.d_out, a.row,
+                    static_cast<const float*>(nullptr), a.dx, a.n, a.k, a.c);
   });
 }
 
@@ -138,7 +117,7 @@ void run(void* stream, const kernels::detail::MoeCombineForwardArgs& a) {
   const bool vec = a.c % 4 == 0 && aligned16(a.y) && aligned16(a.out);
   with_flag(vec, [&](auto kVec) {
     DST_CUDA_LAUNCH("dst::kernels::moe_combine_forward::tokens",
-                    combine_tokens<decltype(kVec)::value>, element_grid(a.n * ceil_div(a.c, 4)),
+                    add_slot_rows<decltype(kVec)::value>, element_grid(a.n * ceil_div(a.c, 4)),
                     dim3(kElementThreads), stream_of(stream), a.y, a.row, a.weights, a.out, a.n,
                     a.k, a.c);
   });
@@ -150,9 +129,9 @@ void run(void* stream, const kernels::detail::MoeCombineBackwardArgs& a) {
   const Index slots = a.n * a.k;
   with_flag(vec, [&](auto kVec) {
     DST_CUDA_LAUNCH("dst::kernels::moe_combine_backward::slots",
-                    combine_backward_slots<decltype(kVec)::value>,
-                    element_grid(slots * kWarp), dim3(kElementThreads), stream_of(stream), a.dout,
-                    a.y, a.row, a.weights, a.d_y, a.d_weights, slots, a.k, a.c);
+                    combine_backward_slots<decltype(kVec)::value>, element_grid(slots * kWarp),
+                    dim3(kElementThreads), stream_of(stream), a.dout, a.y, a.row, a.weights, a.d_y,
+                    a.d_weights, slots, a.k, a.c);
   });
 }
 

@@ -14,8 +14,8 @@ void gather_rows(const ExecSpace& space, const Matrix<ExecSpace, const float>& x
                  const Matrix<ExecSpace, float>& out) {                            // (R, C)
   const Index c = static_cast<Index>(out.extent(1));
   Kokkos::parallel_for(
-      "dst::kernels::gather_rows::rows", Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))),
-      KOKKOS_LAMBDA(const Index r) {
+      "dst::kernels::gather_rows::rows",
+      Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))), KOKKOS_LAMBDA(const Index r) {
         const float* src = &x(token(r), 0);
         float* dst = &out(r, 0);
         for (Index j = 0; j < c; ++j)
@@ -23,38 +23,22 @@ void gather_rows(const ExecSpace& space, const Matrix<ExecSpace, const float>& x
       });
 }
 
+/// out[n, :] += sum_k w[n, k] y[row[n, k], :], slots in order; w = 1 without weights (the
+/// transpose of gather_rows: 1 * y is y, the same bits as a plain sum).
 template <class ExecSpace>
-void gather_rows_backward(const ExecSpace& space,
-                          const Matrix<ExecSpace, const float>& d_out,      // (R, C)
-                          const Matrix<ExecSpace, const std::int32_t>& row,  // (N, K)
-                          const Matrix<ExecSpace, float>& dx) {             // (N, C)
-  const Index k_slots = static_cast<Index>(row.extent(1));
-  const Index c = static_cast<Index>(dx.extent(1));
-  Kokkos::parallel_for(
-      "dst::kernels::gather_rows_backward::tokens",
-      Range<ExecSpace>(space, 0, static_cast<Index>(dx.extent(0))), KOKKOS_LAMBDA(const Index n) {
-        float* dst = &dx(n, 0);
-        for (Index k = 0; k < k_slots; ++k) {
-          const float* src = &d_out(row(n, k), 0);
-          for (Index j = 0; j < c; ++j)
-            dst[j] += src[j];
-        }
-      });
-}
-
-template <class ExecSpace>
-void moe_combine_forward(const ExecSpace& space, const Matrix<ExecSpace, const float>& y,  // (R, C)
-                         const Matrix<ExecSpace, const std::int32_t>& row,                 // (N, K)
-                         const Matrix<ExecSpace, const float>& weights,                    // (N, K)
-                         const Matrix<ExecSpace, float>& out) {                            // (N, C)
+void add_slot_rows(const ExecSpace& space, const Matrix<ExecSpace, const float>& y,  // (R, C)
+                   const Matrix<ExecSpace, const std::int32_t>& row,                 // (N, K)
+                   const Matrix<ExecSpace, const float>& weights,             // (N, K), or empty
+                   const Matrix<ExecSpace, float>& out, const char* label) {  // (N, C)
   const Index k_slots = static_cast<Index>(row.extent(1));
   const Index c = static_cast<Index>(out.extent(1));
+  const bool weighted = weights.extent(0) > 0;
   Kokkos::parallel_for(
-      "dst::kernels::moe_combine_forward::tokens",
-      Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))), KOKKOS_LAMBDA(const Index n) {
+      label, Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))),
+      KOKKOS_LAMBDA(const Index n) {
         float* o = &out(n, 0);
         for (Index k = 0; k < k_slots; ++k) {
-          const float w = weights(n, k);
+          const float w = weighted ? weights(n, k) : 1.0f;
           const float* yr = &y(row(n, k), 0);
           for (Index j = 0; j < c; ++j)
             o[j] += w * yr[j];
@@ -107,17 +91,18 @@ void run(const kernels::detail::GatherRowsArgs& a) {
 
 void run(const kernels::detail::GatherRowsBackwardArgs& a) {
   using namespace detail;
-  gather_rows_backward(Space(), Matrix<Space, const float>(a.d_out, a.n * a.k, a.c),
-                       Matrix<Space, const std::int32_t>(a.row, a.n, a.k),
-                       Matrix<Space, float>(a.dx, a.n, a.c));
+  add_slot_rows(Space(), Matrix<Space, const float>(a.d_out, a.n * a.k, a.c),
+                Matrix<Space, const std::int32_t>(a.row, a.n, a.k),
+                Matrix<Space, const float>(nullptr, 0, a.k), Matrix<Space, float>(a.dx, a.n, a.c),
+                "dst::kernels::gather_rows_backward::tokens");
 }
 
 void run(const kernels::detail::MoeCombineForwardArgs& a) {
   using namespace detail;
-  moe_combine_forward(Space(), Matrix<Space, const float>(a.y, a.n * a.k, a.c),
-                      Matrix<Space, const std::int32_t>(a.row, a.n, a.k),
-                      Matrix<Space, const float>(a.weights, a.n, a.k),
-                      Matrix<Space, float>(a.out, a.n, a.c));
+  add_slot_rows(Space(), Matrix<Space, const float>(a.y, a.n * a.k, a.c),
+                Matrix<Space, const std::int32_t>(a.row, a.n, a.k),
+                Matrix<Space, const float>(a.weights, a.n, a.k),
+                Matrix<Space, float>(a.out, a.n, a.c), "dst::kernels::moe_combine_forward::tokens");
 }
 
 void run(const kernels::detail::MoeCombineBackwardArgs& a) {

@@ -30,8 +30,8 @@ Routing make_routing(std::int64_t n, std::int64_t k, std::int64_t experts) {
     for (std::int64_t s = 2; s < k; ++s)
       while (std::find(idx.begin() + t * k, idx.begin() + t * k + s,
                        idx[static_cast<std::size_t>(t * k + s)]) != idx.begin() + t * k + s)
-        idx[static_cast<std::size_t>(t * k + s)] =
-            static_cast<std::int32_t>(2 + (idx[static_cast<std::size_t>(t * k + s)] - 1) % (experts - 2));
+        idx[static_cast<std::size_t>(t * k + s)] = static_cast<std::int32_t>(
+            2 + (idx[static_cast<std::size_t>(t * k + s)] - 1) % (experts - 2));
   std::vector<std::int64_t> order(idx.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
@@ -124,10 +124,12 @@ TEST(MoeKernels, CombineBackwardMatchesFiniteDifferences) {
                        view(w, {n, k}), view(d_y, {n * k, c}), view(d_w, {n, k}));
   const std::vector<float> zero(static_cast<std::size_t>(n * c), 0.0f);
   const auto yd = to_double(y), wd = to_double(w);
-  const auto gy = fd_gradient(
-      yd, [&](const std::vector<double>& v) { return weighted_sum(combine_ref(r, c, v, wd, zero), dout); });
-  const auto gw = fd_gradient(
-      wd, [&](const std::vector<double>& v) { return weighted_sum(combine_ref(r, c, yd, v, zero), dout); });
+  const auto gy = fd_gradient(yd, [&](const std::vector<double>& v) {
+    return weighted_sum(combine_ref(r, c, v, wd, zero), dout);
+  });
+  const auto gw = fd_gradient(wd, [&](const std::vector<double>& v) {
+    return weighted_sum(combine_ref(r, c, yd, v, zero), dout);
+  });
   expect_close(d_y, gy, 1e-6, 1e-5, "d_y");
   expect_close(d_w, gw, 1e-6, 1e-5, "d_weights");
 }
@@ -135,7 +137,8 @@ TEST(MoeKernels, CombineBackwardMatchesFiniteDifferences) {
 TEST(MoeKernels, ShapeErrorsNameTheKernelAndTensor) {
   const std::int64_t n = 4, k = 2, c = 3;
   Routing r = make_routing(n, k, 4);
-  std::vector<float> x(static_cast<std::size_t>(n * k * c)), y(x.size()), w(static_cast<std::size_t>(n * k));
+  std::vector<float> x(static_cast<std::size_t>(n * k * c)), y(x.size()),
+      w(static_cast<std::size_t>(n * k));
   std::vector<float> out(x.size());
   // out's columns differ from x's.
   expect_error(
