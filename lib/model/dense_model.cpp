@@ -385,7 +385,9 @@ std::vector<float> DenseModel::moe_bias() const {
       return;
     }
     const tensor::Tensor b = params_->param(m.bias_index());
-    out.insert(out.end(), b.ptr<float>(), b.ptr<float>() + b.numel());
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(b.numel()));
+    tensor::download(params_->context(), b, out.data() + at);
   });
   return out;
 }

@@ -9,8 +9,10 @@
 /// The routed products are grouped: the N*K (token, slot) rows are sorted by expert
 /// (sort_by_expert) and each expert runs one product over its rows.
 ///
-/// The router, the token sort, and the gather and combine of rows run on the host
-/// (host memory only: a CUDA context is refused; CUDA kernels for MoE are future work).
+/// The router and the token sort run on the host over a copy of the (N, E) logits (small
+/// next to the expert products); the rows' bookkeeping (MoeActs token, row, weights) goes
+/// back to the context's memory, where the gather, the expert products and the combine run
+/// as kernels (kernels.hpp, "DeepSeekMoE token movement"), on the host or a CUDA device.
 /// The router's weight is read in fp32 (the master weights), as transformers computes it.
 /// Balancing: the router's correction bias (sigmoid scoring) is a parameter of the
 /// layout (in checkpoints) without gradients, moved by update_bias(); each forward adds its
@@ -35,6 +37,8 @@ namespace dst::model {
 /// The host-side routing of the last forward, and the loads counted since the last
 /// balancing update.
 struct MoeRouting {
+  std::vector<float> logits;      // (N, E) the router logits' host copy; backward: gradient
+  std::vector<float> bias;        // (E) the choice correction's host copy (sigmoid router)
   std::vector<float> scores;      // (N, E) router scores s
   std::vector<std::int32_t> idx;  // (N, K) chosen experts
   std::vector<float> weights;     // (N, K) their weights
@@ -53,15 +57,19 @@ struct MoeActs {
   tensor::Tensor xs;                    // (N*K, C) the input rows, sorted by expert
   tensor::Tensor h1, h3, g;             // (N*K, I) the routed experts' SwiGLU
   tensor::Tensor y;                     // (N*K, C) the routed experts' outputs
+  tensor::Tensor token;                 // (N*K) i32 the token of each sorted row
+  tensor::Tensor row;                   // (N, K) i32 the sorted row of token n's slot k
+  tensor::Tensor weights;               // (N, K) the chosen experts' weights
   std::shared_ptr<MoeRouting> routing;  // host state; nullptr in a planning layout
 };
 
 /// Backward scratch, shared by every MoE layer of the model.
 struct MoeScratch {
-  MlpScratch shared;    // (N, S*I)
-  tensor::Tensor d_g;   // (N*K, I)
-  tensor::Tensor d_y;   // (N*K, C) gradient of the expert outputs
-  tensor::Tensor d_xs;  // (N*K, C) gradient of the sorted input rows
+  MlpScratch shared;         // (N, S*I)
+  tensor::Tensor d_g;        // (N*K, I)
+  tensor::Tensor d_y;        // (N*K, C) gradient of the expert outputs
+  tensor::Tensor d_xs;       // (N*K, C) gradient of the sorted input rows
+  tensor::Tensor d_weights;  // (N, K) gradient of the chosen experts' weights
 };
 
 class Moe {

@@ -225,7 +225,8 @@ TEST(Plan, RecomputeTradesActivationsForFlops) {
 // tiny-moe (latent attention, DeepSeekMoE): the routed experts' activations are dropless,
 // top_k x tokens rows in all (the balanced top_k x tokens / n_routed per expert), each row
 // its sorted input, h1, h3, g and output plus its host routing (choice, weight and its
-// gradient, sorted token and row); recompute's FLOPs use the active parameters and the
+// gradient, sorted token and row) and their copies for the kernels (sorted token, row,
+// weight); recompute's FLOPs use the active parameters and the
 // latent attention's query/key width.
 TEST(Plan, MoeActivationsGrowWithTopKAndRecomputeCountsActiveFlops) {
   auto c = dst::config::load_deck_text(
@@ -240,7 +241,7 @@ TEST(Plan, MoeActivationsGrowWithTopKAndRecomputeCountsActiveFlops) {
   c.model.num_experts_per_tok = 1;
   const auto top1 = dst::model::make_plan(c, one);
   const auto row_bytes =
-      static_cast<std::uint64_t>((2 * m.d_model + 3 * m.moe_intermediate_size) * 4 + 5 * 4);
+      static_cast<std::uint64_t>((2 * m.d_model + 3 * m.moe_intermediate_size) * 4 + 8 * 4);
   EXPECT_EQ(top2.memory.activations - top1.memory.activations, moe_layers * N * row_bytes);
   EXPECT_EQ(top2.memory.parameters, top1.memory.parameters);  // every expert, whatever top_k
 
