@@ -431,7 +431,7 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
     fail_combination(given, fallback, {"parallel.expert", "parallel.backend"},
                      "parallel.expert " + s(c.parallel.expert) +
                          " is not supported with parallel.backend nccl (the all-to-all exists "
-                         "for MPI only; the MoE layer runs on host memory)");
+                         "for MPI only, over host memory)");
 
   // The trainer's ZeRO path works on host memory (MPI, shm) only (the NCCL back end has
   // the shard collectives, not yet run on a GPU); a GPU run that resolves auto to NCCL is

@@ -18,7 +18,7 @@
 /// Every rank still stores every expert's parameters (the first version): the experts a
 /// rank does not own keep zero gradients, and the data group's gradient sum then sums each
 /// expert's gradient over exactly the ranks that computed it (one per expert group). The
-/// state is host memory (the MoE layer is host-only).
+/// state is host memory: a model on a device refuses expert parallelism (Moe::experts_forward).
 
 #include <cstddef>
 #include <cstdint>
