@@ -31,7 +31,7 @@ Session start_session(runtime::Runtime& rt, const std::string& deck,
     comm::verify_process_groups(s.groups);
     // From here on every collective runs under the training deadline.
     for (auto* g : {s.groups.world.get(), s.groups.data.get(), s.groups.tensor.get(),
-                    s.groups.pipeline.get()})
+                    s.groups.pipeline.get(), s.groups.expert.get(), s.groups.expert_data.get()})
       g->set_timeout_s(s.config.parallel.timeout_s);
   }
   DST_LOG(info, "dstrain " << core::version() << " (git " << core::git_hash() << ") " << what << " "

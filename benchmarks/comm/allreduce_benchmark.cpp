@@ -71,6 +71,36 @@ BENCHMARK(BM_mpi_allreduce_f32_baseline)
     ->Range(1 << 10, 16 << 20)
     ->UseManualTime();
 
+/// Expert parallelism's token exchange: every rank sends range(0) bytes in all, an equal
+/// block to each rank (its own included), with Communicator::ialltoallv polled with the
+/// deadline. Bus bandwidth as nccl-tests counts an all-to-all: algbw x (n-1)/n (the block
+/// a rank keeps does not cross), to compare with BM_allreduce_f32's on the same ranks.
+void BM_alltoallv_f32(benchmark::State& state) {
+  auto comm = dst::comm::make_mpi_communicator(MPI_COMM_WORLD, "world", kTimeoutS);
+  MPI_Comm raw = dst::comm::mpi_comm_of(*comm);
+  const int n = comm->size();
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t block = bytes / sizeof(float) / static_cast<std::size_t>(n);
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(n), block);
+  std::vector<float> send(block * static_cast<std::size_t>(n), 1.0f), recv(send.size());
+  double total_s = 0.0;
+  comm->barrier();
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    comm->ialltoallv(send.data(), counts, recv.data(), counts, dst::DType::f32).wait();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, raw);
+    state.SetIterationTime(s);
+    total_s += s;
+  }
+  const double moved = static_cast<double>(send.size() * sizeof(float));
+  const double algbw = total_s > 0 ? moved * static_cast<double>(state.iterations()) / total_s : 0;
+  state.counters["algbw_GBps"] = algbw / 1e9;
+  state.counters["busbw_GBps"] = algbw * (n - 1) / n / 1e9;
+  state.counters["ranks"] = n;
+}
+BENCHMARK(BM_alltoallv_f32)->RangeMultiplier(4)->Range(1 << 10, 16 << 20)->UseManualTime();
+
 /// Reports nothing: ranks other than 0 run the benchmarks silently.
 }  // namespace
 

@@ -240,22 +240,13 @@ def parity_report(raw, threshold=1e-4, drift_final=0.05, drift_max=0.10, dry_run
         if tests[t]["status"] in ("failed", "timeout", "skipped"):
             failures.append(f"{t}: {tests[t]['status']}")
 
-    deck = parse_resolved_deck(read_text(os.path.join(raw, "cpu", "deck.yaml")))
-    steps = deck.get("training", {}).get("max_steps") or 20
-    cpu, gpu = run_summary(raw, "cpu"), run_summary(raw, "gpu")
-    cmp = compare_losses(read_jsonl(os.path.join(raw, "cpu", "metrics.jsonl")),
-                         read_jsonl(os.path.join(raw, "gpu", "metrics.jsonl")), steps)
-    ok = (cpu["rc"] == 0 and gpu["rc"] == 0 and not cmp["steps_missing"]
-          and cmp["max_rel_diff"] is not None and cmp["max_rel_diff"] <= threshold)
-    if not ok:
-        failures.append("cpu_vs_gpu: " + _why(cpu, gpu, cmp, threshold))
-    # Identical losses prove nothing if both runs took the same back end.
-    wrong = _backend_problems({"cpu": (cpu, "kokkos"), "gpu": (gpu, "kokkos" if dry_run else "cuda")})
-    if wrong:
-        ok = False
-        failures.extend("cpu_vs_gpu: " + w for w in wrong)
-    cpu_vs_gpu = {"deck": "inputs/gpu/parity.yaml", "threshold_rel": threshold,
-                  "kokkos": cpu, "cuda": gpu, **cmp, "passed": ok}
+    # The dense model (tiny) and the V3 layers (tiny-moe: latent attention, DeepSeekMoE),
+    # each trained with kokkos and with cuda from the same deck.
+    pairs = {}
+    for key, (a, b, preset) in {"cpu_vs_gpu": ("cpu", "gpu", "tiny"),
+                                "cpu_vs_gpu_moe": ("cpu_moe", "gpu_moe", "tiny-moe")}.items():
+        pairs[key] = _backend_pair(raw, key, a, b, preset, threshold, dry_run, failures)
+    cpu_vs_gpu = pairs["cpu_vs_gpu"]
 
     ddeck = parse_resolved_deck(read_text(os.path.join(raw, "fp32", "deck.yaml")))
     dsteps = ddeck.get("training", {}).get("max_steps") or 200
@@ -280,7 +271,28 @@ def parity_report(raw, threshold=1e-4, drift_final=0.05, drift_max=0.10, dry_run
             "passed": not failures, "failures": failures,
             "seconds": _float_or_none(read_text(os.path.join(raw, "total.seconds")).strip()),
             **device_summary(raw), "gpu_tests": tests, "cpu_vs_gpu": cpu_vs_gpu,
-            "bf16_drift": drift}
+            "cpu_vs_gpu_moe": pairs["cpu_vs_gpu_moe"], "bf16_drift": drift}
+
+
+def _backend_pair(raw, key, a, b, preset, threshold, dry_run, failures):
+    """inputs/gpu/parity.yaml trained as run `a` (kokkos) and run `b` (cuda): every step's
+    loss within `threshold` relative; a failure appends its reason to `failures`."""
+    deck = parse_resolved_deck(read_text(os.path.join(raw, a, "deck.yaml")))
+    steps = deck.get("training", {}).get("max_steps") or 20
+    cpu, gpu = run_summary(raw, a), run_summary(raw, b)
+    cmp = compare_losses(read_jsonl(os.path.join(raw, a, "metrics.jsonl")),
+                         read_jsonl(os.path.join(raw, b, "metrics.jsonl")), steps)
+    ok = (cpu["rc"] == 0 and gpu["rc"] == 0 and not cmp["steps_missing"]
+          and cmp["max_rel_diff"] is not None and cmp["max_rel_diff"] <= threshold)
+    if not ok:
+        failures.append(key + ": " + _why(cpu, gpu, cmp, threshold))
+    # Identical losses prove nothing if both runs took the same back end.
+    wrong = _backend_problems({a: (cpu, "kokkos"), b: (gpu, "kokkos" if dry_run else "cuda")})
+    if wrong:
+        ok = False
+        failures.extend(key + ": " + w for w in wrong)
+    return {"deck": "inputs/gpu/parity.yaml", "preset": preset, "threshold_rel": threshold,
+            "kokkos": cpu, "cuda": gpu, **cmp, "passed": ok}
 
 
 def _backend_problems(runs):
@@ -498,10 +510,11 @@ def print_summary(r):
         for name, t in r["gpu_tests"].items():
             extra = f" ({t.get('tests')} tests, {t.get('failures')} failures)" if t.get("tests") is not None else ""
             say(f"{name}: {t['status']}{extra}")
-        c = r["cpu_vs_gpu"]
-        say(f"kokkos vs cuda, {c['steps_compared']}/{c['steps_expected']} steps: max rel diff "
-            f"{_fmt(c['max_rel_diff'])} (step {c['max_at_step']}), final {_fmt(c['final_rel_diff'])}, "
-            f"threshold {c['threshold_rel']:g}: {'pass' if c['passed'] else 'FAIL'}")
+        for c in (r["cpu_vs_gpu"], r["cpu_vs_gpu_moe"]):
+            say(f"{c['preset']} kokkos vs cuda, {c['steps_compared']}/{c['steps_expected']} steps: max rel "
+                f"diff {_fmt(c['max_rel_diff'])} (step {c['max_at_step']}), final "
+                f"{_fmt(c['final_rel_diff'])}, threshold {c['threshold_rel']:g}: "
+                f"{'pass' if c['passed'] else 'FAIL'}")
         d = r["bf16_drift"]
         say(f"bf16 vs fp32, {d['steps_compared']}/{d['steps_expected']} steps: max rel diff "
             f"{_fmt(d['max_rel_diff'])} (step {d['max_at_step']}), final {_fmt(d['final_rel_diff'])}: "

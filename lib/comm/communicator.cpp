@@ -33,6 +33,17 @@ Request Communicator::irecv(void*, std::size_t, DType, int, int) {
               "MPI back end for its stages)");
 }
 
+Request Communicator::ialltoall(const void*, void*, std::size_t, DType) {
+  throw Error("comm: group '" + name() +
+              "': this back end has no all-to-all (parallel.expert > 1 needs the mpi back end)");
+}
+
+Request Communicator::ialltoallv(const void*, const std::vector<std::size_t>&, void*,
+                                 const std::vector<std::size_t>&, DType) {
+  throw Error("comm: group '" + name() +
+              "': this back end has no all-to-all (parallel.expert > 1 needs the mpi back end)");
+}
+
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     // The collective held so far must be settled before it is forgotten, exactly as if

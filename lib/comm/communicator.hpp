@@ -134,6 +134,16 @@ class Communicator {
   /// order, counts[r] elements for rank r) is final; when the request completes every
   /// rank's block is, on every rank. Throws dst::Error in the base class (as above).
   virtual Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type);
+  /// All-to-all: `send` holds size() blocks of `count` elements, block r for rank r;
+  /// `recv` gets size() blocks of `count`, block q from rank q (expert parallelism's
+  /// exchange of per-expert token counts). Throws dst::Error in the base class.
+  virtual Request ialltoall(const void* send, void* recv, std::size_t count, DType type);
+  /// All-to-all of blocks of unequal sizes: `send` holds send_counts[r] elements for rank
+  /// r in rank order, `recv` gets recv_counts[q] elements from rank q in rank order (each
+  /// rank's recv_counts[q] equals rank q's send_counts[this rank]; zeros allowed). The
+  /// expert dispatch's token rows. Throws dst::Error in the base class.
+  virtual Request ialltoallv(const void* send, const std::vector<std::size_t>& send_counts,
+                             void* recv, const std::vector<std::size_t>& recv_counts, DType type);
 
   /// Point-to-point (pipeline stages): sends `count` elements to group rank `peer`, or
   /// receives them from it; `tag` tells messages between the same two ranks apart (both

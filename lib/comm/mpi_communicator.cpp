@@ -1,5 +1,6 @@
 #include "comm/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -284,6 +285,35 @@ Request MpiCommunicator::irecv(void* buf, std::size_t count, DType type, int pee
     check_peer(r, peer, rank_, size_);
     const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
     DST_MPI_CHECK(MPI_Irecv(buf, detail::mpi_count(count, r), dt, peer, tag, comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::ialltoall(const void* send, void* recv, std::size_t count, DType type) {
+  OpInfo info{OpKind::alltoall, ReduceOp::sum, count, type, 0};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    const int n = detail::mpi_count(count, r);
+    DST_MPI_CHECK(MPI_Ialltoall(send, n, dt, recv, n, dt, comm_, r.handle()));
+  });
+}
+
+Request MpiCommunicator::ialltoallv(const void* send, const std::vector<std::size_t>& send_counts,
+                                    void* recv, const std::vector<std::size_t>& recv_counts,
+                                    DType type) {
+  OpInfo info{OpKind::alltoallv, ReduceOp::sum, total_of(send_counts), type,
+              static_cast<int>(std::min<std::size_t>(total_of(recv_counts), INT_MAX))};
+  auto request = std::make_unique<detail::MpiRequest>(info, name_, size_, timeout_s_);
+  return detail::start_request(std::move(request), [&](detail::MpiRequest& r) {
+    const MPI_Datatype dt = detail::mpi_datatype(type, false, r.describe());
+    block_layout(r, send_counts, size_);  // r.counts, r.displs: the send side
+    // The receive side's arrays follow the send side's in the same vectors (they must
+    // outlive the call): [0, size) send, [size, 2 size) receive.
+    block_layout(r, recv_counts, size_);
+    const int* sc = r.counts.data();
+    const int* sd = r.displs.data();
+    DST_MPI_CHECK(
+        MPI_Ialltoallv(send, sc, sd, dt, recv, sc + size_, sd + size_, dt, comm_, r.handle()));
   });
 }
 

@@ -59,6 +59,11 @@ class MpiCommunicator final : public Communicator {
   /// MPI_Isend / MPI_Irecv; `peer` must be another rank of the group.
   Request isend(const void* buf, std::size_t count, DType type, int peer, int tag) override;
   Request irecv(void* buf, std::size_t count, DType type, int peer, int tag) override;
+  /// MPI_Ialltoall.
+  Request ialltoall(const void* send, void* recv, std::size_t count, DType type) override;
+  /// MPI_Ialltoallv (send and recv must not overlap).
+  Request ialltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                     const std::vector<std::size_t>& recv_counts, DType type) override;
 
   /// The private duplicate, for libraries that take an MPI_Comm (parallel HDF5). Owned by
   /// this object: do not free it; collectives on it must not overlap ours.

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -415,6 +417,60 @@ Request NcclCommunicator::iallgather_blocks(void* buf, const std::vector<std::si
             buf, counts, dtype_size(type), [&](void* block, std::size_t count, int owner) {
               return ncclBroadcast(block, block, count, dt, owner, comm_, stream_);
             }));
+      },
+      {}, request->event());
+  return Request(std::move(request));
+}
+
+Request NcclCommunicator::ialltoall(const void* send, void* recv, std::size_t count, DType type) {
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(size_), count);
+  return ialltoallv(send, counts, recv, counts, type);
+}
+
+Request NcclCommunicator::ialltoallv(const void* send, const std::vector<std::size_t>& send_counts,
+                                     void* recv, const std::vector<std::size_t>& recv_counts,
+                                     DType type) {
+  const std::size_t received = total_of(recv_counts);
+  const OpInfo info{OpKind::alltoallv, ReduceOp::sum, total_of(send_counts), type,
+                    static_cast<int>(std::min<std::size_t>(received, INT_MAX))};
+  const auto describe = [&] { return describe_op("nccl", info, name_, size_); };
+  check_usable(describe);
+  if (send_counts.size() != static_cast<std::size_t>(size_) ||
+      recv_counts.size() != static_cast<std::size_t>(size_))
+    throw Error(describe() + ": " + std::to_string(send_counts.size()) + " send and " +
+                std::to_string(recv_counts.size()) + " receive block sizes for " +
+                std::to_string(size_) + " ranks");
+  const ncclDataType_t dt = nccl_type(type);
+  const std::size_t bytes = dtype_size(type);
+  auto request = std::make_unique<NcclRequest>(*this, info);
+  enqueue(
+      describe,
+      [&] {
+        // Point-to-point pairs inside one group run concurrently (NCCL >= 2.7); a rank's
+        // block for itself is a send to and a receive from itself, which NCCL allows.
+        ncclResult_t r = ncclGroupStart();
+        if (r != ncclSuccess) return static_cast<int>(r);
+        std::size_t sent = 0, got = 0;
+        for (int peer = 0; peer < size_; ++peer) {
+          const auto p = static_cast<std::size_t>(peer);
+          if (send_counts[p] > 0) {
+            r = ncclSend(static_cast<const char*>(send) + sent * bytes, send_counts[p], dt, peer,
+                         comm_, stream_);
+            if (r != ncclSuccess && r != ncclInProgress) break;
+          }
+          if (recv_counts[p] > 0) {
+            r = ncclRecv(static_cast<char*>(recv) + got * bytes, recv_counts[p], dt, peer, comm_,
+                         stream_);
+            if (r != ncclSuccess && r != ncclInProgress) break;
+          }
+          sent += send_counts[p];
+          got += recv_counts[p];
+        }
+        if (r != ncclSuccess && r != ncclInProgress) {
+          (void)ncclGroupEnd();  // closes the group; the caller aborts the communicator
+          return static_cast<int>(r);
+        }
+        return static_cast<int>(ncclGroupEnd());
       },
       {}, request->event());
   return Request(std::move(request));

@@ -80,6 +80,10 @@ class NcclCommunicator final : public Communicator {
                                  ReduceOp op) override;
   /// One ncclBroadcast of each rank's block from that rank, grouped as above.
   Request iallgather_blocks(void* buf, const std::vector<std::size_t>& counts, DType type) override;
+  /// Grouped ncclSend/ncclRecv, one pair per peer with a non-empty block (self included).
+  Request ialltoall(const void* send, void* recv, std::size_t count, DType type) override;
+  Request ialltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                     const std::vector<std::size_t>& recv_counts, DType type) override;
 
   /// The stream whose work a collective waits for before it starts (a cudaStream_t;
   /// nullptr: the legacy default stream). Typically the stream the backward pass runs on.

@@ -48,6 +48,16 @@ std::string describe_op(const char* backend, const OpInfo& info, const std::stri
       elements(info.count);
       os << " in blocks of unequal sizes, " << info.root << " from this rank,";
       break;
+    case OpKind::alltoall:
+      os << "alltoall of ";
+      elements(info.count);
+      os << " to each rank";
+      break;
+    case OpKind::alltoallv:
+      os << "alltoallv of ";
+      elements(info.count);
+      os << " sent, " << info.root << " received,";
+      break;
     case OpKind::broadcast:
       os << "broadcast from rank " << info.root << " of ";
       elements(info.count);

@@ -25,6 +25,8 @@ enum class OpKind {
   allgather_blocks,       ///< likewise
   send,                   ///< root = the peer (group rank); op unused
   recv,                   ///< likewise
+  alltoall,               ///< count = elements to each rank
+  alltoallv,              ///< count = elements sent in all; root = elements received
 };
 
 struct OpInfo {

@@ -123,6 +123,19 @@ ProcessGroups make_process_groups(MPI_Comm world, const config::Layout& layout, 
                          "tensor", timeout_s);
   g.pipeline = split_group(world, me.data * layout.tensor + me.tensor, me.pipeline, layout.pipeline,
                            "pipeline", timeout_s);
+  // Expert groups: consecutive data ranks of one data group (the same pipeline and tensor
+  // coordinates), and across them the ranks holding the same experts.
+  const int X = layout.expert;
+  if (X < 1 || layout.data % X != 0)
+    throw Error("comm: process groups: parallel.expert " + std::to_string(X) +
+                " does not divide the data-parallel ranks (" + std::to_string(layout.data) + ")");
+  const int outer = me.pipeline * layout.tensor + me.tensor;
+  g.expert_rank = me.data % X;
+  g.expert_size = X;
+  g.expert = split_group(world, outer * (layout.data / X) + me.data / X, me.data % X, X, "expert",
+                         timeout_s);
+  g.expert_data = split_group(world, outer * X + me.data % X, me.data / X, layout.data / X,
+                              "expert_data", timeout_s);
   return g;
 }
 
@@ -132,6 +145,17 @@ void verify_process_groups(ProcessGroups& groups) {
   const int world_rank = groups.world->rank();
   Communicator* const all[] = {groups.world.get(), groups.data.get(), groups.tensor.get(),
                                groups.pipeline.get()};
+  // The expert groups (when made): every member takes part; their membership is that of
+  // make_process_groups's split, checked there by size and position.
+  for (Communicator* group : {groups.expert.get(), groups.expert_data.get()}) {
+    if (!group) continue;
+    const auto counted = group->allreduce_value<std::int32_t>(1, ReduceOp::sum);
+    if (counted != group->size())
+      throw Error("comm: start-up check of group '" + group->name() +
+                  "': " + std::to_string(counted) +
+                  " ranks took part in a test allreduce but the group has " +
+                  std::to_string(group->size()));
+  }
   for (Communicator* group : all) {
     const std::string& name = group->name();
     const auto counted = group->allreduce_value<std::int32_t>(1, ReduceOp::sum);

@@ -38,13 +38,22 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> data;      ///< same (pipeline, tensor), named "data"
   std::unique_ptr<Communicator> tensor;    ///< same (pipeline, data), named "tensor"
   std::unique_ptr<Communicator> pipeline;  ///< same (data, tensor), named "pipeline"
+  /// Expert parallelism (parallel.expert = X, layout.expert): the X consecutive data ranks
+  /// data_rank / X * X .. + X - 1 of this rank's data group, named "expert" (its routed
+  /// experts are split over them; rank order = data_rank % X), and the data ranks holding
+  /// the same experts (equal data_rank % X), named "expert_data" (rank order =
+  /// data_rank / X). X = 1: "expert" is this rank alone and "expert_data" the data group.
+  std::unique_ptr<Communicator> expert;
+  std::unique_ptr<Communicator> expert_data;
   int data_rank = 0;
   int tensor_rank = 0;
   int pipeline_rank = 0;
+  int expert_rank = 0;  ///< position in the expert group (data_rank % X)
   /// Group sizes of the layout the groups were made for (verify_process_groups uses them).
   int data_size = 1;
   int tensor_size = 1;
   int pipeline_size = 1;
+  int expert_size = 1;
 };
 
 /// Splits `world` (duplicated; the caller keeps ownership) into the groups of `layout`.

@@ -480,6 +480,22 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                          " is not supported yet: tensor parallelism is not implemented (issue 31)");
   check_pipeline(c, given, fallback);
 
+  // Expert parallelism splits the routed experts: a dense model has none to split.
+  if (c.parallel.expert > 1 && m.n_routed_experts == 0)
+    fail_combination(given, fallback, {"parallel.expert", "model.n_routed_experts"},
+                     "parallel.expert " + s(c.parallel.expert) +
+                         " needs a DeepSeekMoE model (model.n_routed_experts > 0)");
+  if (c.parallel.expert > 1 && m.n_routed_experts % c.parallel.expert != 0)
+    fail_combination(given, fallback, {"parallel.expert", "model.n_routed_experts"},
+                     "parallel.expert (" + s(c.parallel.expert) +
+                         ") does not divide model.n_routed_experts (" + s(m.n_routed_experts) +
+                         "): each rank of an expert group holds the same number of experts");
+  if (c.parallel.expert > 1 && c.parallel.backend == ParallelBackend::nccl)
+    fail_combination(given, fallback, {"parallel.expert", "parallel.backend"},
+                     "parallel.expert " + s(c.parallel.expert) +
+                         " is not supported with parallel.backend nccl (the all-to-all exists "
+                         "for MPI only, over host memory)");
+
   // The trainer's ZeRO path works on host memory (MPI, shm) only (the NCCL back end has
   // the shard collectives, not yet run on a GPU); a GPU run that resolves auto to NCCL is
   // refused by the trainer, which knows the back end.
@@ -1073,10 +1089,16 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   if (__builtin_mul_overflow(t.micro_batch_size, data, &per_micro_step))
     throw DeckError("training.micro_batch_size", world,
                     "training.micro_batch_size x data-parallel ranks overflows");
+  if (data % p.expert != 0)
+    throw DeckError("parallel.expert", world,
+                    "parallel.expert (" + s(p.expert) +
+                        ") does not divide the data-parallel ranks (" + s(data) +
+                        "): expert groups are made of consecutive data ranks");
   Layout layout;
   layout.world_size = world_size;
   layout.data = static_cast<int>(data);
   layout.pipeline = static_cast<int>(p.pipeline);
+  layout.expert = static_cast<int>(p.expert);
   if (t.global_batch_size > 0) {
     if (t.global_batch_size % per_micro_step != 0)
       throw DeckError("training.global_batch_size", world,

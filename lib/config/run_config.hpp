@@ -221,6 +221,9 @@ struct ParallelSection {
   /// when n_layers does not divide).
   std::vector<std::int64_t> pipeline_layers;
   PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  /// Expert parallelism: the routed experts split over groups of `expert` consecutive data
+  /// ranks (1 = none). Divides model.n_routed_experts and the data ranks.
+  std::int64_t expert = 1;
   ParallelBackend backend = ParallelBackend::automatic;
   double bucket_mb = 25.0;
   /// Start bucket all-reduces during backward, polled by a progress thread (Open MPI
@@ -264,6 +267,7 @@ struct DebugSection {
   std::int64_t inject_nan_step = -1;
   std::int64_t inject_overflow_step = -1;  ///< +inf in the last rank's gradient (fp16 tests)
   std::int64_t inject_hang_rank = -1;
+  std::int64_t inject_hang_alltoallv_rank = -1;  ///< hangs in the expert dispatch (EP tests)
   std::int64_t inject_exit_rank = -1;
   bool inject_exit_in_checkpoint = false;
   std::int64_t inject_read_delay_ms = 0;
@@ -292,6 +296,7 @@ struct Layout {
   int data = 1;
   int tensor = 1;
   int pipeline = 1;
+  int expert = 1;                      ///< parallel.expert: ranks of an expert group (divides data)
   std::int64_t grad_accum_steps = 1;   ///< micro-steps per optimizer step
   std::int64_t global_batch_size = 1;  ///< sequences per optimizer step
 };

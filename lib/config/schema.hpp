@@ -405,6 +405,17 @@ void visit_parallel(V& v, S&... s) {
                "micro-batches in flight; bubble (P - 1) / micro-batches). interleaved (virtual "
                "stages) is not implemented yet: a deck error."),
           s.pipeline_schedule...);
+  v.field("parallel.expert",
+          Spec("Expert-parallel ranks (docs/model.md, \"Expert parallelism\"): the routed "
+               "experts of every MoE layer are split over groups of this many consecutive data "
+               "ranks, tokens dispatched to their experts' ranks by all-to-all; must divide "
+               "model.n_routed_experts and the data ranks; 1 = every rank computes every "
+               "expert. Dropless (no capacity factor); host memory and the mpi or shm back end "
+               "only (the NCCL all-to-all exists, the dispatch on a GPU does not); no "
+               "node-limited routing.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.expert...);
   v.field(
       "parallel.backend",
       Spec("Communication back end of the gradients: auto = nccl when the model runs on "
@@ -515,6 +526,13 @@ void visit_debug(V& v, S&... s) {
   v.field("debug.inject_hang_rank",
           Spec("This rank stops calling collectives; -1 = off.").at_least(-1).at_most(kIntMax),
           s.inject_hang_rank...);
+  v.field("debug.inject_hang_alltoallv_rank",
+          Spec("Once this run has committed a checkpoint, this rank hangs in the next step's "
+               "first expert all-to-all-v (parallel.expert > 1), so its peers wait in it; "
+               "-1 = off.")
+              .at_least(-1)
+              .at_most(kIntMax),
+          s.inject_hang_alltoallv_rank...);
   v.field("debug.inject_exit_rank",
           Spec("This rank exits mid-run; -1 = off.").at_least(-1).at_most(kIntMax),
           s.inject_exit_rank...);

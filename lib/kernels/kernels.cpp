@@ -353,6 +353,82 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& h
                                            dh1.ptr<float>(), dh3.ptr<float>(), h1.numel()});
 }
 
+// --- DeepSeekMoE token movement -------------------------------------------------------
+
+void gather_rows(const ExecContext& ctx, const Tensor& x, const Tensor& token, const Tensor& out) {
+  constexpr const char* k = "gather_rows";
+  check_backend(ctx, k);
+  expect_rank(x, 2, DType::f32, k, "x", "(N, C)");
+  expect_rank(token, 1, DType::i32, k, "token", "(R)");
+  expect(ctx, x, Shape{x.shape[0], x.shape[1]}, DType::f32, k, "x");
+  expect(ctx, token, Shape{token.shape[0]}, DType::i32, k, "token");
+  expect(ctx, out, Shape{token.shape[0], x.shape[1]}, DType::f32, k, "out");
+  if (out.numel() == 0) return;
+  dispatch(ctx, detail::GatherRowsArgs{x.ptr<float>(), token.ptr<std::int32_t>(), out.ptr<float>(),
+                                       x.shape[0], token.shape[0], x.shape[1]});
+}
+
+void gather_rows_backward(const ExecContext& ctx, const Tensor& d_out, const Tensor& row,
+                          const Tensor& dx) {
+  constexpr const char* k = "gather_rows_backward";
+  check_backend(ctx, k);
+  expect_rank(d_out, 2, DType::f32, k, "d_out", "(R, C)");
+  expect_rank(row, 2, DType::i32, k, "row", "(N, K)");
+  expect(ctx, d_out, Shape{d_out.shape[0], d_out.shape[1]}, DType::f32, k, "d_out");
+  expect(ctx, row, Shape{row.shape[0], row.shape[1]}, DType::i32, k, "row");
+  if (row.numel() != d_out.shape[0])
+    throw Error(what(k, "row") + ": " + row.shape.str() + " names " + std::to_string(row.numel()) +
+                " rows, d_out has " + std::to_string(d_out.shape[0]));
+  expect(ctx, dx, Shape{row.shape[0], d_out.shape[1]}, DType::f32, k, "dx");
+  if (dx.numel() == 0) return;
+  dispatch(ctx, detail::GatherRowsBackwardArgs{d_out.ptr<float>(), row.ptr<std::int32_t>(),
+                                               dx.ptr<float>(), row.shape[0], row.shape[1],
+                                               d_out.shape[1]});
+}
+
+namespace {
+/// y (R, C), row (N, K), weights (N, K): the shapes both combine kernels share.
+void expect_combine(const ExecContext& ctx, const char* k, const Tensor& y, const Tensor& row,
+                    const Tensor& weights) {
+  expect_rank(y, 2, DType::f32, k, "y", "(R, C)");
+  expect_rank(row, 2, DType::i32, k, "row", "(N, K)");
+  expect(ctx, y, Shape{y.shape[0], y.shape[1]}, DType::f32, k, "y");
+  expect(ctx, row, Shape{row.shape[0], row.shape[1]}, DType::i32, k, "row");
+  if (row.numel() != y.shape[0])
+    throw Error(what(k, "row") + ": " + row.shape.str() + " names " + std::to_string(row.numel()) +
+                " rows, y has " + std::to_string(y.shape[0]));
+  expect(ctx, weights, row.shape, DType::f32, k, "weights");
+}
+}  // namespace
+
+void moe_combine_forward(const ExecContext& ctx, const Tensor& y, const Tensor& row,
+                         const Tensor& weights, const Tensor& out) {
+  constexpr const char* k = "moe_combine_forward";
+  check_backend(ctx, k);
+  expect_combine(ctx, k, y, row, weights);
+  expect(ctx, out, Shape{row.shape[0], y.shape[1]}, DType::f32, k, "out");
+  if (out.numel() == 0) return;
+  dispatch(ctx, detail::MoeCombineForwardArgs{y.ptr<float>(), row.ptr<std::int32_t>(),
+                                              weights.ptr<float>(), out.ptr<float>(), row.shape[0],
+                                              row.shape[1], y.shape[1]});
+}
+
+void moe_combine_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& y,
+                          const Tensor& row, const Tensor& weights, const Tensor& d_y,
+                          const Tensor& d_weights) {
+  constexpr const char* k = "moe_combine_backward";
+  check_backend(ctx, k);
+  expect_combine(ctx, k, y, row, weights);
+  expect(ctx, dout, Shape{row.shape[0], y.shape[1]}, DType::f32, k, "dout");
+  expect(ctx, d_y, y.shape, DType::f32, k, "d_y");
+  expect(ctx, d_weights, row.shape, DType::f32, k, "d_weights");
+  if (row.numel() == 0) return;
+  dispatch(ctx, detail::MoeCombineBackwardArgs{dout.ptr<float>(), y.ptr<float>(),
+                                               row.ptr<std::int32_t>(), weights.ptr<float>(),
+                                               d_y.ptr<float>(), d_weights.ptr<float>(),
+                                               row.shape[0], row.shape[1], y.shape[1]});
+}
+
 // --- cross-entropy -----------------------------------------------------------------------
 
 namespace {

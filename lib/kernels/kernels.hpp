@@ -103,6 +103,30 @@ void swiglu_forward(const ExecContext& ctx, const Tensor& h1, const Tensor& h3, 
 void swiglu_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& h1, const Tensor& h3,
                      const Tensor& dh1, const Tensor& dh3);
 
+// --- DeepSeekMoE token movement ----------------------------------------------------------
+// A token's K chosen experts make K rows of the grouped expert products, sorted by expert
+// (model/layers/moe_router.hpp, sort_by_expert): row r belongs to token token[r], and token
+// n's slot k is row row[n, k]. The indices are the router's invariant (every row is one
+// (token, slot) pair) and are not checked here. No atomics: every output element is summed
+// by one thread in slot order, so the results are the same bits on every run, and the
+// CUDA back end's equal the Kokkos back end's (d_weights, a reduction, excepted).
+
+/// Writes out[r, :] = x[token[r], :].  x (N, C); token (R) i32; out (R, C).
+void gather_rows(const ExecContext& ctx, const Tensor& x, const Tensor& token, const Tensor& out);
+/// The transpose of gather_rows, by token: accumulates dx[n, :] += sum_k d_out[row[n, k], :],
+/// slots in order k = 0 .. K-1.  d_out (R, C); row (N, K) i32; dx (N, C).
+void gather_rows_backward(const ExecContext& ctx, const Tensor& d_out, const Tensor& row,
+                          const Tensor& dx);
+/// The combine: accumulates out[n, :] += sum_k weights[n, k] * y[row[n, k], :], slots in
+/// order.  y (R, C); row (N, K) i32; weights (N, K); out (N, C).
+void moe_combine_forward(const ExecContext& ctx, const Tensor& y, const Tensor& row,
+                         const Tensor& weights, const Tensor& out);
+/// Its backward: writes d_y[row[n, k], :] = weights[n, k] * dout[n, :] and
+/// d_weights[n, k] = dout[n, :] . y[row[n, k], :] (summed in double, columns in order).
+void moe_combine_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& y,
+                          const Tensor& row, const Tensor& weights, const Tensor& d_y,
+                          const Tensor& d_weights);
+
 // --- cross-entropy fused with the softmax over the vocabulary --------------------------
 /// Writes losses[n] = logsumexp(logits[n, :]) - logits[n, targets[n]], or 0 where
 /// targets[n] == ignore_index.  logits (N, V); targets (N) i32; losses (N).

@@ -479,6 +479,10 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
   refresh_compute_params();
 }
 
+void DenseModel::set_expert_parallel(ExpertParallel* ep) {
+  impl_->c.experts = ep;
+}
+
 std::vector<float> DenseModel::moe_bias() const {
   std::vector<float> out;
   impl_->each_moe([&](const Moe& m, const BlockActs&) {
@@ -487,7 +491,9 @@ std::vector<float> DenseModel::moe_bias() const {
       return;
     }
     const tensor::Tensor b = params_->param(m.bias_index());
-    out.insert(out.end(), b.ptr<float>(), b.ptr<float>() + b.numel());
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(b.numel()));
+    tensor::download(params_->context(), b, out.data() + at);
   });
   return out;
 }

@@ -27,6 +27,8 @@
 
 namespace dst::model {
 
+class ExpertParallel;  // layers/moe_dispatch.hpp
+
 /// Bytes a model instance takes, by kind (from the layout pass).
 struct ModelMemory {
   std::uint64_t parameters = 0;
@@ -163,6 +165,10 @@ class DenseModel {
   void update_moe_bias(const std::vector<double>& loads, double rate);
   /// The correction biases (moe_blocks() x moe_experts()), block-major (metrics).
   std::vector<float> moe_bias() const;
+  /// Expert parallelism (parallel.expert > 1): the MoE layers' routed products run over
+  /// the expert group of `ep` (layers/moe_dispatch.hpp), every forward and backward then
+  /// collective over it; nullptr: every expert on this rank (the default). Not owned.
+  void set_expert_parallel(ExpertParallel* ep);
   // The MoE functions above count the multi-token prediction module's block, when it is an
   // MoE block, after the model's blocks.
 

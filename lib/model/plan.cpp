@@ -211,6 +211,20 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // layer takes its N x top_k rows as one buffer sorted by expert (Moe::take), so the
     // total is that whatever the imbalance. MoE blocks' host routing is in mm.activations.
     mem.activations = mm.activations;
+    // Expert parallelism: each MoE block keeps the rows its experts received for its
+    // backward (layers/moe_dispatch.hpp, host memory outside the arenas: inputs, outputs,
+    // their gradients and the staging copy, 5 x d_model, and the SwiGLU's h1, h3, g and
+    // g's gradient, 4 x moe_intermediate_size, fp32), planned at the balanced load of micro
+    // x seq_len x top-k rows per rank. (Pipeline stages hold no MoE block: refused.)
+    if (layout.expert > 1 && m.n_routed_experts > 0) {
+      const std::int64_t blocks = count_parameters(m).moe_layers +
+                                  (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+      const auto rows = static_cast<std::uint64_t>(c.training.micro_batch_size *
+                                                   c.data.seq_len * m.num_experts_per_tok);
+      mem.activations += static_cast<std::uint64_t>(blocks) * rows *
+                         static_cast<std::uint64_t>(5 * m.d_model + 4 * m.moe_intermediate_size) *
+                         sizeof(float);
+    }
     mem.recompute = mm.recompute;
     mem.workspace = mm.workspace;
     // Two gradient buckets in flight through the communicator (or the whole buffer, when
@@ -274,6 +288,30 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     add("all-reduce of the step's scalars",
         (options.zero_stage == 0 ? 32.0 : 40.0) + (m.mtp_depth > 0 ? 8.0 : 0.0), 2.0);
     if (m.mtp_depth > 0) add("all-reduce of the step's target counts (MTP loss weight)", 16.0, 2.0);
+  }
+  // Expert parallelism (parallel.expert = X > 1): each MoE layer sends its N x top_k token
+  // rows (fp32, d_model wide) to their experts' ranks and gets them back, forward and
+  // backward: 4 all-to-all-v per layer and micro-batch, of which (X-1)/X of the rows leave
+  // the rank under the expected balanced load (training.recompute full: 2 more, the
+  // forward's again). Not a ring: the bytes are what the rank sends.
+  const std::int64_t X = layout.expert;
+  const std::int64_t moe_blocks =
+      plan.params.moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+  if (X > 1 && moe_blocks > 0) {
+    const double rows =
+        static_cast<double>(c.training.micro_batch_size * c.data.seq_len * m.num_experts_per_tok);
+    const double layer_bytes = rows * static_cast<double>(m.d_model) * sizeof(float);
+    const double times = c.training.recompute == config::Recompute::full ? 6.0 : 4.0;
+    plan.alltoall_bytes_per_moe_layer = times * static_cast<double>(layout.grad_accum_steps) *
+                                        static_cast<double>(X - 1) / static_cast<double>(X) *
+                                        layer_bytes;
+    const double bytes = plan.alltoall_bytes_per_moe_layer * static_cast<double>(moe_blocks);
+    plan.collectives.push_back(
+        {"all-to-all-v of the MoE token rows, expert groups of " + std::to_string(X) + ": " +
+             std::to_string(moe_blocks) + " MoE layers x " +
+             format_bytes(plan.alltoall_bytes_per_moe_layer) + " sent per layer",
+         layer_bytes, bytes});
+    plan.comm_bytes_per_step += bytes;
   }
 
   // The step's time on the host kind's rates: every executed FLOP at the matrix-product
@@ -421,7 +459,10 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
       available_per_rank ? format_bytes(static_cast<double>(available_per_rank)) : "unknown", "");
   for (const CollectiveVolume& v : plan.collectives)
     row("communication", format_bytes(v.bytes_per_rank),
-        "per rank and step: " + v.what + " of " + format_bytes(v.buffer_bytes) + " (ring)");
+        "per rank and step: " + v.what +
+            (v.what.rfind("all-to-all", 0) == 0
+                 ? " (a layer's rows of one micro-batch: " + format_bytes(v.buffer_bytes) + ")"
+                 : " of " + format_bytes(v.buffer_bytes) + " (ring)"));
   const HostRates& r = host_rates(plan.options.host);
   char time[160];
   std::snprintf(time, sizeof(time), "%.3g s", plan.step.total_s());

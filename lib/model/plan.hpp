@@ -147,6 +147,10 @@ struct Plan {
   /// Bytes a stage boundary carries per micro-batch in each direction (the activations
   /// forward, their gradient backward: micro-batch x seq_len x d_model fp32).
   double p2p_bytes_per_micro_batch = 0.0;
+  /// Expert parallelism (layout.expert > 1): the bytes one rank sends per step in one MoE
+  /// layer's all-to-alls (dispatch and combine, forward and backward, every micro-batch;
+  /// balanced load assumed); 0 without.
+  double alltoall_bytes_per_moe_layer = 0;
 };
 
 /// Parameter count of the model section.

@@ -327,9 +327,11 @@ std::string describe_layout(const Runtime& rt, const config::Layout& layout, con
   os << "layout: " << n.world_size << " rank" << (n.world_size == 1 ? "" : "s") << " on "
      << n.num_nodes << " node" << (n.num_nodes == 1 ? "" : "s") << " (up to "
      << n.max_ranks_per_node << " per node) | data " << layout.data << " x tensor " << layout.tensor
-     << " x pipeline " << layout.pipeline << " | comm " << to_string(b.comm) << " | kernels "
-     << to_string(b.kernels) << " (Kokkos " << rt.kokkos_space() << ") | device "
-     << rt.device().kind;
+     << " x pipeline " << layout.pipeline
+     << (layout.expert > 1 ? " (experts over groups of " + std::to_string(layout.expert) + ")"
+                           : std::string())
+     << " | comm " << to_string(b.comm) << " | kernels " << to_string(b.kernels) << " (Kokkos "
+     << rt.kokkos_space() << ") | device " << rt.device().kind;
   if (!rt.device().name.empty()) os << " (" << rt.device().name << ")";
   if (rt.device().kind == "cuda") {
     char mem[64];

@@ -24,6 +24,12 @@ class Faults {
   /// the tests can check that checkpoint stays intact.
   void before_step(std::int64_t step, bool saved_this_run) const;
 
+  /// debug.inject_hang_alltoallv_rank: whether this rank hangs in the next step's first
+  /// expert all-to-all-v (once this run has committed a checkpoint).
+  bool hangs_in_alltoallv(bool saved_this_run) const {
+    return saved_this_run && debug_.inject_hang_alltoallv_rank == rank_;
+  }
+
   /// debug.inject_straggler_rank: this rank's data phase takes inject_straggler_ms longer.
   void straggle() const;
 

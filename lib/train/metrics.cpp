@@ -103,6 +103,13 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
                         {"bias_max", m.bias_max}});
     j["moe"] = blocks;
   }
+  if (s.expert_rows_mean > 0.0) {  // expert parallelism
+    j["alltoall_ms"] = s.t_alltoall * 1e3;
+    j["alltoall_bytes"] = s.alltoall_bytes;
+    j["expert_rows_max"] = s.expert_rows_max;
+    j["expert_rows_mean"] = s.expert_rows_mean;
+    j["expert_rows_max_over_mean"] = s.expert_rows_max / s.expert_rows_mean;
+  }
   j["eta_s"] = eta_s;
   write(j.dump());
   char scale[48] = "";
@@ -116,6 +123,11 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
       worst = std::max(worst, m.max_over_mean);
     std::snprintf(moe, sizeof moe, " | aux %.3e | load max/mean %.2f", s.aux_loss, worst);
   }
+  char ep[96] = "";
+  if (s.expert_rows_mean > 0.0)
+    std::snprintf(ep, sizeof ep, " | all-to-all %.1f ms %.2f MB | rows/rank max/mean %.2f",
+                  s.t_alltoall * 1e3, s.alltoall_bytes / 1e6,
+                  s.expert_rows_max / s.expert_rows_mean);
   char line[320];
   std::snprintf(line, sizeof line,
                 "step %6lld/%lld | loss %.4f | lr %.3e | norm %7.4f | %8.0f tok/s | MFU %5.1f%% "
@@ -126,7 +138,7 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
                 s.overflow  ? " | SKIPPED (fp16 overflow, loss scale halved)"
                 : s.skipped ? " | SKIPPED (non-finite gradients)"
                             : "");
-  return std::string(line) + mtp + moe;
+  return std::string(line) + mtp + moe + ep;
 }
 
 std::string MetricsLog::eval(std::int64_t step, double loss, std::int64_t tokens) {
@@ -154,6 +166,10 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
   j["backward_ms"] = sum.t_backward / n * 1e3;
   j["comm_exposed_ms"] = sum.t_comm / n * 1e3;
   j["optimizer_ms"] = sum.t_optimizer / n * 1e3;
+  if (sum.alltoall_bytes > 0.0) {  // expert parallelism: inside forward and backward
+    j["alltoall_ms"] = sum.t_alltoall / n * 1e3;
+    j["alltoall_bytes"] = sum.alltoall_bytes / n;
+  }
   j["step_ms"] = sum.seconds / n * 1e3;
   j["work_ms_min"] = spread.min_s * 1e3;
   j["work_ms_max"] = spread.max_s * 1e3;
@@ -172,6 +188,10 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
                   world_size, spread.min_s * 1e3, spread.max_s * 1e3, spread.slowest_rank,
                   spread.per_step.straggle_s * 1e3);
   }
+  char ep[96] = "";
+  if (sum.alltoall_bytes > 0.0)
+    std::snprintf(ep, sizeof ep, " | expert all-to-all %.1f (in forward+backward)",
+                  sum.t_alltoall / n * 1e3);
   char line[480];
   std::snprintf(line, sizeof line,
                 "phases (ms/step, rank 0, last %lld steps): data %.1f | forward %.1f | backward "
@@ -179,7 +199,7 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
                 static_cast<long long>(steps), sum.t_data / n * 1e3, sum.t_forward / n * 1e3,
                 sum.t_backward / n * 1e3, sum.t_comm / n * 1e3, waited, sum.t_optimizer / n * 1e3,
                 sum.seconds / n * 1e3, across);
-  return line;
+  return std::string(line) + ep;
 }
 
 }  // namespace dst::train

@@ -175,6 +175,11 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
       shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_,
       stage);
+  // Expert parallelism: the MoE layers' routed experts split over the expert group.
+  if (layout.expert > 1 && model_->moe_blocks() > 0) {
+    experts_ = std::make_unique<model::ExpertParallel>(*groups.expert);
+    model_->set_expert_parallel(experts_.get());
+  }
   // One rank alone has nothing to share: it updates its own parameters.
   if (shared_ && shared_->size() > 1) {
     shared_update_ = shared_.get();
@@ -372,6 +377,7 @@ StepStats Trainer::step() {
   double mtp_sum = 0.0;  // the MTP module's loss sum
   std::int64_t valid = 0;
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
+  if (experts_) experts_->reset_traffic();
   if (stages_ > 1) pipeline_micro_batches(backward_scale, on_ready, loss_sum, valid, st);
   for (std::size_t m = 0; stages_ == 1 && m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
@@ -391,6 +397,16 @@ StepStats Trainer::step() {
   }
   const double p2p_s = st.t_comm;  // the pipeline's exposed sends and receives
   st.t_comm = buckets.wait_all() + p2p_s;
+  if (experts_) {
+    const model::ExpertTraffic& tr = experts_->traffic();
+    st.t_alltoall = tr.seconds;
+    st.alltoall_bytes = static_cast<double>(tr.bytes_sent + tr.bytes_received);
+    double rows[2] = {static_cast<double>(tr.rows_received), static_cast<double>(tr.rows_received)};
+    groups_.data->allreduce(&rows[0], 1, DType::f64, comm::ReduceOp::max);
+    groups_.data->allreduce(&rows[1], 1, DType::f64, comm::ReduceOp::sum);
+    st.expert_rows_max = rows[0];
+    st.expert_rows_mean = rows[1] / static_cast<double>(layout_.data);
+  }
 
   // --- the global loss: mean over every target token of every rank (one all-reduce)
   // ... and, in the same all-reduce, whether any rank was asked to stop (a signal).
@@ -744,6 +760,14 @@ std::string Trainer::name_nonfinite_across_stages(const GradBuckets& buckets) {
                            : std::string("?"));
   }
   return os.str();
+}
+
+void Trainer::arm_alltoallv_hang() {
+  if (!experts_)
+    throw Error(
+        "trainer: debug.inject_hang_alltoallv_rank needs parallel.expert > 1 and an MoE "
+        "model (there is no expert all-to-all to hang in)");
+  experts_->hang_before_next_rows();
 }
 
 void Trainer::balance_moe(StepStats& st, double aux_sum) {

@@ -20,6 +20,7 @@
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
 #include "model/dense_model.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/startup_watchdog.hpp"
 #include "tensor/context.hpp"
@@ -65,6 +66,13 @@ struct StepStats {
   double mtp_loss = 0.0;
   // phase timers (this rank, seconds)
   double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
+  /// Expert parallelism (parallel.expert > 1; all 0 otherwise): this rank's time in the MoE
+  /// layers' all-to-alls (part of t_forward and t_backward), the bytes it sent and received
+  /// in them, and the (token, slot) rows the experts of each data rank computed, highest
+  /// and mean over the data group (summed over the MoE blocks and micro-batches).
+  double t_alltoall = 0.0;
+  double alltoall_bytes = 0.0;
+  double expert_rows_max = 0.0, expert_rows_mean = 0.0;
 };
 
 /// Step by step, how far the ranks' work (data + forward + backward) lay apart, and how
@@ -196,6 +204,8 @@ class Trainer {
   void read_ahead(std::int64_t steps) { batches_->read_ahead(steps); }
   /// The deck's fault injection as it applies to this rank.
   const Faults& faults() const { return faults_; }
+  /// debug.inject_hang_alltoallv_rank: this rank hangs in the next expert all-to-all-v.
+  void arm_alltoallv_hang();
 
  private:
   /// checkpoint_tensors(), with the device's state copied into the host buffers (for a
@@ -214,6 +224,8 @@ class Trainer {
   /// before model_, which it must outlive).
   std::shared_ptr<void> grad_pages_;
   std::unique_ptr<model::DenseModel> model_;
+  /// parallel.expert > 1 with an MoE model: the expert group the MoE layers dispatch over.
+  std::unique_ptr<model::ExpertParallel> experts_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSource> batches_;
   GradNorm norm_;

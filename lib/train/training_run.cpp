@@ -269,6 +269,8 @@ void TrainingRun::after_step(const StepStats& st, std::int64_t done) {
   phase_sum_.t_backward += st.t_backward;
   phase_sum_.t_comm += st.t_comm;
   phase_sum_.t_optimizer += st.t_optimizer;
+  phase_sum_.t_alltoall += st.t_alltoall;
+  phase_sum_.alltoall_bytes += st.alltoall_bytes;
   phase_sum_.seconds += st.seconds;
   ++phase_steps_;
   step_work_.push_back(st.t_data + st.t_forward + st.t_backward);
@@ -320,6 +322,7 @@ int TrainingRun::run() {
   for (std::int64_t s = first_step_; s < last_step_; ++s) {
     core::set_current_step(s + 1);
     trainer.faults().before_step(s + 1, saved_this_run_);
+    if (trainer.faults().hangs_in_alltoallv(saved_this_run_)) trainer.arm_alltoallv_hang();
     const StepStats st = trainer.step();
     const std::int64_t done = st.step + 1;
     after_step(st, done);

@@ -501,6 +501,89 @@ TEST_F(CudaVsKokkos, SwigluIsBitwiseKokkos) {
   }
 }
 
+// --- DeepSeekMoE token movement ------------------------------------------------------------
+
+/// K distinct random experts per token, the (token, slot) pairs sorted stably by expert as
+/// the router's sort_by_expert: token (R) of each row, row (N, K) of each slot.
+void moe_routing(Index n, Index k, Index experts, std::uint32_t seed,
+                 std::vector<std::int32_t>& token, std::vector<std::int32_t>& row) {
+  std::mt19937 gen(seed);
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(n * k));
+  std::vector<std::int32_t> all(static_cast<std::size_t>(experts));
+  for (Index e = 0; e < experts; ++e)
+    all[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(e);
+  for (Index t = 0; t < n; ++t) {
+    std::shuffle(all.begin(), all.end(), gen);
+    std::copy(all.begin(), all.begin() + k, idx.begin() + t * k);
+  }
+  std::vector<Index> order(idx.size());
+  for (std::size_t p = 0; p < order.size(); ++p)
+    order[p] = static_cast<Index>(p);
+  std::stable_sort(order.begin(), order.end(), [&](Index a, Index b) {
+    return idx[static_cast<std::size_t>(a)] < idx[static_cast<std::size_t>(b)];
+  });
+  token.assign(idx.size(), 0);
+  row.assign(idx.size(), 0);
+  for (std::size_t p = 0; p < order.size(); ++p) {
+    token[p] = static_cast<std::int32_t>(order[p] / k);
+    row[static_cast<std::size_t>(order[p])] = static_cast<std::int32_t>(p);
+  }
+}
+
+// The gather, its transpose, the combine and d_y add the same floats in the same slot order
+// as Kokkos: bitwise. d_weights is a double dot product summed in another order, rounded
+// to float: within an ulp of its magnitude.
+TEST_F(CudaVsKokkos, MoeTokenMovementIsBitwiseKokkos) {
+  struct Case {
+    Index n, k, c, experts;
+  };
+  std::uint32_t seed = 1700;
+  for (const Case cs : {Case{1, 1, 4, 2}, Case{37, 2, 13, 8}, Case{1000, 8, 256, 64}}) {
+    const Index n = cs.n, k = cs.k, c = cs.c, r = n * k;
+    std::vector<std::int32_t> token, row;
+    moe_routing(n, k, cs.experts, seed++, token, row);
+    auto x = random_vec(static_cast<std::size_t>(n * c), seed++);
+    auto y = random_vec(static_cast<std::size_t>(r * c), seed++);
+    auto w = random_vec(static_cast<std::size_t>(r), seed++, 0.0f, 1.0f);
+    auto dout = random_vec(static_cast<std::size_t>(n * c), seed++);
+    auto base = random_vec(static_cast<std::size_t>(n * c), seed++);  // accumulated into
+    auto xs_k = filled(static_cast<std::size_t>(r * c), -1.0f);
+    auto dx_k = base, out_k = base;
+    auto dy_k = filled(static_cast<std::size_t>(r * c), -1.0f), dw_k = filled(w.size(), -1.0f);
+    gather_rows(kokkos_ctx(), view(x, {n, c}), view(token, {r}), view(xs_k, {r, c}));
+    gather_rows_backward(kokkos_ctx(), view(y, {r, c}), view(row, {n, k}), view(dx_k, {n, c}));
+    moe_combine_forward(kokkos_ctx(), view(y, {r, c}), view(row, {n, k}), view(w, {n, k}),
+                        view(out_k, {n, c}));
+    moe_combine_backward(kokkos_ctx(), view(dout, {n, c}), view(y, {r, c}), view(row, {n, k}),
+                         view(w, {n, k}), view(dy_k, {r, c}), view(dw_k, {n, k}));
+    const DeviceBuffer<std::int32_t> dtoken(token), drow(row);
+    for (const std::size_t offset : {0, 1}) {
+      const std::string at = "moe n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                             " c=" + std::to_string(c) + " offset " + std::to_string(offset);
+      const DeviceBuffer<float> dx_in(x, offset), dy_in(y, offset), dw(w, offset),
+          ddout(dout, offset), dxs(y.size()), ddx(base, offset), dout_acc(base, offset),
+          ddy(y.size()), ddw(w.size());
+      gather_rows(cuda(), dx_in.view({n, c}, offset), dtoken.view({r}), dxs.view({r, c}, offset));
+      gather_rows_backward(cuda(), dy_in.view({r, c}, offset), drow.view({n, k}),
+                           ddx.view({n, c}, offset));
+      moe_combine_forward(cuda(), dy_in.view({r, c}, offset), drow.view({n, k}),
+                          dw.view({n, k}, offset), dout_acc.view({n, c}, offset));
+      moe_combine_backward(cuda(), ddout.view({n, c}, offset), dy_in.view({r, c}, offset),
+                           drow.view({n, k}), dw.view({n, k}, offset), ddy.view({r, c}, offset),
+                           ddw.view({n, k}, offset));
+      expect_same_bits(dxs.download(y.size(), offset), xs_k, at + " gather");
+      expect_same_bits(ddx.download(base.size(), offset), dx_k, at + " gather backward");
+      expect_same_bits(dout_acc.download(base.size(), offset), out_k, at + " combine");
+      expect_same_bits(ddy.download(y.size(), offset), dy_k, at + " d_y");
+      const auto dw_c = ddw.download(w.size(), offset);
+      for (std::size_t i = 0; i < w.size(); ++i)
+        ASSERT_LE(std::fabs(static_cast<double>(dw_c[i]) - dw_k[i]),
+                  kUlp * std::fabs(static_cast<double>(dw_k[i])) + 1e-30)
+            << at << " d_weights[" << i << "]: " << dw_c[i] << " vs " << dw_k[i];
+    }
+  }
+}
+
 // --- cross-entropy
 // ---------------------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a);
 /// Enqueued only: lowers *a.flag (device memory) without synchronising.
 void run(void* stream, const kernels::detail::FirstNonfiniteMinArgs& a);
 void run(void* stream, const kernels::detail::AdamwArgs& a);
+void run(void* stream, const kernels::detail::GatherRowsArgs& a);
+void run(void* stream, const kernels::detail::GatherRowsBackwardArgs& a);
+void run(void* stream, const kernels::detail::MoeCombineForwardArgs& a);
+void run(void* stream, const kernels::detail::MoeCombineBackwardArgs& a);
 
 // --- fused attention (cuDNN SDPA; cuda/attention_cudnn.cpp, DSTRAIN_HAVE_CUDNN builds) ---
 // Not run() overloads: the Kokkos back end has no counterpart, so these argument structs

@@ -100,6 +100,39 @@ struct SwigluBackwardArgs {
   Index n;
 };
 
+/// DeepSeekMoE's token movement (kernels.hpp, "DeepSeekMoE token movement"). R = N*K rows.
+struct GatherRowsArgs {
+  const float* x;             // (N, C)
+  const std::int32_t* token;  // (R) the token of each row, in [0, N)
+  float* out;                 // (R, C)
+  Index n, rows, c;           ///< N tokens, R rows, C columns
+};
+
+struct MoeCombineForwardArgs {
+  const float* y;           // (R, C) the experts' outputs, rows sorted by expert
+  const std::int32_t* row;  // (N, K) the row of token n's slot k, in [0, R)
+  const float* weights;     // (N, K)
+  float* out;               // (N, C), accumulated
+  Index n, k, c;
+};
+
+struct MoeCombineBackwardArgs {
+  const float* dout;        // (N, C)
+  const float* y;           // (R, C)
+  const std::int32_t* row;  // (N, K)
+  const float* weights;     // (N, K)
+  float* d_y;               // (R, C), written
+  float* d_weights;         // (N, K), written
+  Index n, k, c;
+};
+
+struct GatherRowsBackwardArgs {
+  const float* d_out;       // (R, C)
+  const std::int32_t* row;  // (N, K)
+  float* dx;                // (N, C), accumulated
+  Index n, k, c;
+};
+
 struct CrossEntropyArgs {
   const float* logits;          // (N, V); may alias dlogits
   const std::int32_t* targets;  // (N)

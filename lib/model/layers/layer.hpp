@@ -22,6 +22,8 @@
 
 namespace dst::model {
 
+class ExpertParallel;  // layers/moe_dispatch.hpp
+
 /// The context the layers compute in: the back end, the storage type the run emulates
 /// (docs/precision.md), and the parameters they read and whose gradients they accumulate.
 struct Compute {
@@ -38,6 +40,10 @@ struct Compute {
   /// grad_scale = 1 / tokens of the global batch: the mean over its sequences).
   /// DenseModel::forward_backward sets it.
   float aux_grad_scale = 0.0f;
+  /// Expert parallelism (parallel.expert > 1, layers/moe_dispatch.hpp): the expert group
+  /// the MoE layers dispatch their tokens over; nullptr (or a group of one): every rank
+  /// computes every expert, with no communication.
+  ExpertParallel* experts = nullptr;
 
   /// The weights of parameter `i` the forward and backward compute with: the master
   /// parameter (f32), or its rounded compute copy (bf16/f16).

@@ -1,7 +1,6 @@
 #include "model/layers/moe.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "blas/gemm.hpp"
@@ -18,14 +17,28 @@ std::string expert_prefix(const std::string& prefix, std::int64_t e) {
   return prefix + "experts." + std::to_string(e) + ".";
 }
 
-/// The routing runs on host memory: refuse a context whose tensors live elsewhere.
-void check_host(const Compute& c) {
-  if (tensor::device_of(c.ctx) != tensor::Device::host)
-    throw Error(
-        "model: the DeepSeekMoE layer runs on host memory only (its router and token "
-        "sort); the " +
-        std::string(tensor::backend_name(c.ctx.backend)) +
-        " back end's memory is not (CUDA kernels for MoE are not written yet)");
+/// The first t.numel() elements of a host vector into a tensor of the context's memory.
+template <class T>
+void upload_vector(const Compute& c, const std::vector<T>& host, const Tensor& t) {
+  if (static_cast<std::int64_t>(host.size()) < t.numel())
+    throw Error("model: MoE routing of " + std::to_string(host.size()) + " values for a " +
+                t.shape.str() + " tensor");
+  tensor::upload(c.ctx, host.data(), t);
+}
+
+/// Whether the routed products run over an expert group (parallel.expert > 1).
+bool parallel(const Compute& c) {
+  return c.experts != nullptr && c.experts->size() > 1;
+}
+
+/// A (rows, cols) f32 host tensor over `v` (expert parallelism's buffers).
+Tensor host_rows(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
+  Tensor t;
+  t.data = v.data();
+  t.shape = tensor::Shape{rows, cols};
+  t.dtype = DType::f32;
+  t.device = tensor::Device::host;
+  return t;
 }
 }  // namespace
 
@@ -86,6 +99,9 @@ MoeActs Moe::take(tensor::Arena& arena, std::int64_t rows, bool allocate) const 
   a.h3 = arena.take("moe_h3", {R, I_}, DType::f32);
   a.g = arena.take("moe_g", {R, I_}, DType::f32);
   a.y = arena.take("moe_y", {R, C_}, DType::f32);
+  a.token = arena.take("moe_token", {R}, DType::i32);
+  a.row = arena.take("moe_row", {rows, K_}, DType::i32);
+  a.weights = arena.take("moe_weights", {rows, K_}, DType::f32);
   if (allocate) a.routing = make_routing(rows);
   return a;
 }
@@ -94,6 +110,8 @@ std::shared_ptr<MoeRouting> Moe::make_routing(std::int64_t rows) const {
   const std::int64_t R = rows * K_;
   auto routing = std::make_shared<MoeRouting>();
   MoeRouting& r = *routing;
+  r.logits.resize(static_cast<std::size_t>(rows * E_));
+  r.bias.resize(has_bias() ? static_cast<std::size_t>(E_) : 0);
   r.scores.resize(static_cast<std::size_t>(rows * E_));
   r.d_scores.resize(r.scores.size());
   r.idx.resize(static_cast<std::size_t>(R));
@@ -106,7 +124,8 @@ std::shared_ptr<MoeRouting> Moe::make_routing(std::int64_t rows) const {
 std::uint64_t Moe::routing_bytes(std::int64_t rows) const {
   const auto R = static_cast<std::uint64_t>(rows * K_), E = static_cast<std::uint64_t>(E_);
   const auto n = static_cast<std::uint64_t>(rows);
-  return 2 * n * E * sizeof(float)                         // scores, d_scores
+  return 3 * n * E * sizeof(float)                         // logits, scores, d_scores
+         + (has_bias() ? E * sizeof(float) : 0)            // bias
          + R * (sizeof(std::int32_t) + 2 * sizeof(float))  // idx, weights, d_weights
          + E * sizeof(double)                              // load
          + (E + 1) * sizeof(std::int64_t)                  // rows.offset
@@ -120,19 +139,21 @@ MoeScratch Moe::take_scratch(tensor::Arena& arena, std::int64_t rows) const {
   s.d_g = arena.take("d_moe_g", {R, I_}, DType::f32);
   s.d_y = arena.take("d_moe_y", {R, C_}, DType::f32);
   s.d_xs = arena.take("d_moe_xs", {R, C_}, DType::f32);
+  s.d_weights = arena.take("d_moe_weights", {rows, K_}, DType::f32);
   return s;
 }
 
 void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor& x,
                   const MoeActs& a, const Tensor& out, bool count) const {
-  check_host(c);
-  const std::int64_t N = B * T, C = C_, K = K_;
+  const std::int64_t N = B * T, K = K_;
   MoeRouting& r = *a.routing;
-  // The router in fp32 from the master weights (transformers casts both to fp32).
+  // The router in fp32 from the master weights (transformers casts both to fp32); its
+  // (N, E) logits are routed on the host, and the rows' bookkeeping goes back.
   blas::linear_forward(c.ctx, x, c.params->param(gate_), a.logits);
-  const float* bias = has_bias() ? c.params->param(bias_).ptr<float>() : nullptr;
-  route_forward(shape_, N, a.logits.ptr<float>(), bias, r.scores.data(), r.idx.data(),
-                r.weights.data());
+  tensor::download(c.ctx, a.logits, r.logits.data());
+  if (has_bias()) tensor::download(c.ctx, c.params->param(bias_), r.bias.data());
+  route_forward(shape_, N, r.logits.data(), has_bias() ? r.bias.data() : nullptr, r.scores.data(),
+                r.idx.data(), r.weights.data());
   if (count)
     for (std::int64_t i = 0; i < N * K; ++i)
       r.load[static_cast<std::size_t>(r.idx[static_cast<std::size_t>(i)])] += 1.0;
@@ -140,103 +161,97 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
                                                r.idx.data(), 0.0f, nullptr)
                                 : 0.0;
   sort_by_expert(N, K, E_, r.idx.data(), r.rows);
+  // The record may hold more tokens than this call's (the decoder's shorter steps).
+  const Tensor token = row_range(a.token, 0, N * K), row = row_range(a.row, 0, N),
+               weights = row_range(a.weights, 0, N);
+  upload_vector(c, r.rows.token, token);
+  upload_vector(c, r.rows.row, row);
+  upload_vector(c, r.weights, weights);
 
   // Gather the rows, then each expert's SwiGLU over its rows.
-  const float* xp = x.ptr<float>();
-  float* xs = a.xs.ptr<float>();
-  for (std::int64_t row = 0; row < N * K; ++row)
-    std::memcpy(xs + row * C, xp + static_cast<std::int64_t>(r.rows.token[row]) * C,
-                static_cast<std::size_t>(C) * sizeof(float));
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w1_[e]), row_range(a.h1, r0, n));
-    blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w3_[e]), row_range(a.h3, r0, n));
-  }
-  c.store(a.h1);
-  c.store(a.h3);
-  kernels::swiglu_forward(c.ctx, a.h1, a.h3, a.g);
-  c.store(a.g);
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    blas::linear_forward(c.ctx, row_range(a.g, r0, n), c.weight(w2_[e]), row_range(a.y, r0, n));
-  }
-  c.store(a.y);
-
-  // out = shared(x) + sum_k w_k y[row of (n, k)], slots summed in order k = 0 .. K-1.
-  if (S_ > 0)
-    shared_.forward(c, x, a.shared, out);
-  else
-    kernels::zero(c.ctx, out);
-  float* o = out.ptr<float>();
-  const float* y = a.y.ptr<float>();
-  for (std::int64_t t = 0; t < N; ++t)
-    for (std::int64_t k = 0; k < K; ++k) {
-      const float w = r.weights[static_cast<std::size_t>(t * K + k)];
-      const float* yr = y + static_cast<std::int64_t>(r.rows.row[t * K + k]) * C;
-      for (std::int64_t j = 0; j < C; ++j)
-        o[t * C + j] += w * yr[j];
+  kernels::gather_rows(c.ctx, x, token, a.xs);
+  // out = shared(x) (or 0), before the routed outputs are added.
+  const auto shared_part = [&] {
+    if (S_ > 0)
+      shared_.forward(c, x, a.shared, out);
+    else
+      kernels::zero(c.ctx, out);
+  };
+  if (parallel(c)) {
+    experts_forward(c, a, count, shared_part);  // the shared product overlaps the dispatch
+  } else {
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w1_[e]), row_range(a.h1, r0, n));
+      blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w3_[e]), row_range(a.h3, r0, n));
     }
+    c.store(a.h1);
+    c.store(a.h3);
+    kernels::swiglu_forward(c.ctx, a.h1, a.h3, a.g);
+    c.store(a.g);
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      blas::linear_forward(c.ctx, row_range(a.g, r0, n), c.weight(w2_[e]), row_range(a.y, r0, n));
+    }
+    c.store(a.y);
+    shared_part();
+  }
+
+  // out += sum_k w_k y[row of (n, k)], slots summed in order k = 0 .. K-1.
+  kernels::moe_combine_forward(c.ctx, a.y, row, weights, out);
 }
 
 void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor& dout,
                    const Tensor& x, const MoeActs& a, const MoeScratch& s, const Tensor& dx) const {
-  check_host(c);
-  const std::int64_t N = B * T, C = C_, K = K_;
+  const std::int64_t N = B * T;
   MoeRouting& r = *a.routing;
   c.store(dout);
-  if (S_ > 0)
-    shared_.backward(c, dout, x, a.shared, s.shared, dx);
-  else
-    kernels::zero(c.ctx, dx);
+  // dx = the shared experts' input gradient (or 0), before the routed part is added.
+  const auto shared_part = [&] {
+    if (S_ > 0)
+      shared_.backward(c, dout, x, a.shared, s.shared, dx);
+    else
+      kernels::zero(c.ctx, dx);
+  };
+  if (!parallel(c)) shared_part();
 
   // d_y[row of (n, k)] = w_k dout[n];  d_w[n, k] = dout[n] . y[row of (n, k)]
-  const float* d = dout.ptr<float>();
-  const float* y = a.y.ptr<float>();
-  float* dy = s.d_y.ptr<float>();
-  for (std::int64_t t = 0; t < N; ++t)
-    for (std::int64_t k = 0; k < K; ++k) {
-      const std::int64_t row = r.rows.row[t * K + k];
-      const float w = r.weights[static_cast<std::size_t>(t * K + k)];
-      double dot = 0.0;
-      for (std::int64_t j = 0; j < C; ++j) {
-        dy[row * C + j] = w * d[t * C + j];
-        dot += static_cast<double>(d[t * C + j]) * y[row * C + j];
-      }
-      r.d_weights[static_cast<std::size_t>(t * K + k)] = static_cast<float>(dot);
-    }
+  const Tensor row = row_range(a.row, 0, N), weights = row_range(a.weights, 0, N),
+               d_weights = row_range(s.d_weights, 0, N);
+  kernels::moe_combine_backward(c.ctx, dout, a.y, row, weights, s.d_y, d_weights);
+  tensor::download(c.ctx, d_weights, r.d_weights.data());
   c.store(s.d_y);
 
-  // The experts' SwiGLU backward over their rows (d_h1, d_h3 overwrite h1, h3 as Mlp's).
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n), c.weight(w2_[e]),
-                          row_range(s.d_g, r0, n), c.grad(w2_[e]));
-  }
-  kernels::swiglu_backward(c.ctx, s.d_g, a.h1, a.h3, a.h1, a.h3);
-  c.store(a.h1);
-  c.store(a.h3);
-  for (std::int64_t e = 0; e < E_; ++e) {
-    const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-    if (n == 0) continue;
-    const Tensor xs = row_range(a.xs, r0, n), dxs = row_range(s.d_xs, r0, n);
-    blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs, c.grad(w1_[e]));
-    blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs, c.grad(w3_[e]),
-                          true);
+  if (parallel(c)) {
+    experts_backward(c, a, s, shared_part);  // the shared backward overlaps the dispatch
+  } else {
+    // The experts' SwiGLU backward over their rows (d_h1, d_h3 overwrite h1, h3 as Mlp's).
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n), c.weight(w2_[e]),
+                            row_range(s.d_g, r0, n), c.grad(w2_[e]));
+    }
+    kernels::swiglu_backward(c.ctx, s.d_g, a.h1, a.h3, a.h1, a.h3);
+    c.store(a.h1);
+    c.store(a.h3);
+    for (std::int64_t e = 0; e < E_; ++e) {
+      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
+      if (n == 0) continue;
+      const Tensor xs = row_range(a.xs, r0, n), dxs = row_range(s.d_xs, r0, n);
+      blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs,
+                            c.grad(w1_[e]));
+      blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs,
+                            c.grad(w3_[e]), true);
+    }
   }
   // dx[n] += sum_k d_xs[row of (n, k)], slots in order.
-  float* dxp = dx.ptr<float>();
-  const float* dxs = s.d_xs.ptr<float>();
-  for (std::int64_t t = 0; t < N; ++t)
-    for (std::int64_t k = 0; k < K; ++k) {
-      const float* src = dxs + static_cast<std::int64_t>(r.rows.row[t * K + k]) * C;
-      for (std::int64_t j = 0; j < C; ++j)
-        dxp[t * C + j] += src[j];
-    }
+  kernels::gather_rows_backward(c.ctx, s.d_xs, row, dx);
 
-  // The router: the weights' gradient and the balance loss's, through the scores.
+  // The router on the host: the weights' gradient and the balance loss's, through the
+  // scores, to the logits' gradient, which goes back into a.logits.
   const float* d_scores = nullptr;
   if (aux_alpha_ > 0.0) {
     std::fill(r.d_scores.begin(), r.d_scores.end(), 0.0f);
@@ -245,8 +260,95 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
     d_scores = r.d_scores.data();
   }
   route_backward(shape_, N, r.scores.data(), r.idx.data(), r.d_weights.data(), d_scores,
-                 a.logits.ptr<float>());
+                 r.logits.data());
+  upload_vector(c, r.logits, a.logits);
   blas::linear_backward(c.ctx, a.logits, x, c.params->param(gate_), dx, c.grad(gate_), true);
+}
+
+void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count,
+                          const std::function<void()>& overlap) const {
+  if (tensor::device_of(c.ctx) != tensor::Device::host)
+    throw Error(
+        "model: expert parallelism (parallel.expert > 1) runs on host memory only: its "
+        "all-to-all moves host rows (MPI); the " +
+        std::string(tensor::backend_name(c.ctx.backend)) + " back end's memory is not");
+  MoeRouting& r = *a.routing;
+  ExpertDispatch& d = r.dispatch;
+  ExpertParallel& ep = *c.experts;
+  d.plan(ep, r.rows.offset, E_);
+  const std::int64_t R = d.rows, C = C_, I = I_;
+  const auto first = static_cast<std::int64_t>(ep.rank()) * d.L;  // this rank's first expert
+  if (count) ep.traffic().rows_received += static_cast<std::uint64_t>(R);
+  d.xs.resize(static_cast<std::size_t>(R * C));
+  d.y.resize(d.xs.size());
+  d.h1.resize(static_cast<std::size_t>(R * I));
+  d.h3.resize(d.h1.size());
+  d.g.resize(d.h1.size());
+  d.dispatch(ep, a.xs.ptr<float>(), d.xs.data(), C, overlap);
+  if (R > 0) {
+    const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
+                 g = host_rows(d.g, R, I), y = host_rows(d.y, R, C);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;  // an expert no token chose
+      const auto e = static_cast<std::size_t>(first + l);
+      blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w1_[e]), row_range(h1, r0, n));
+      blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w3_[e]), row_range(h3, r0, n));
+    }
+    c.store(h1);
+    c.store(h3);
+    kernels::swiglu_forward(c.ctx, h1, h3, g);
+    c.store(g);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;
+      const auto e = static_cast<std::size_t>(first + l);
+      blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(w2_[e]), row_range(y, r0, n));
+    }
+    c.store(y);
+  }
+  d.combine(ep, d.y.data(), a.y.ptr<float>(), C);
+}
+
+void Moe::experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s,
+                           const std::function<void()>& overlap) const {
+  ExpertDispatch& d = a.routing->dispatch;
+  ExpertParallel& ep = *c.experts;
+  const std::int64_t R = d.rows, C = C_, I = I_;
+  const auto first = static_cast<std::int64_t>(ep.rank()) * d.L;
+  d.d_y.resize(static_cast<std::size_t>(R * C));
+  d.d_xs.resize(d.d_y.size());
+  d.d_g.resize(static_cast<std::size_t>(R * I));
+  d.dispatch(ep, s.d_y.ptr<float>(), d.d_y.data(), C, overlap);
+  if (R > 0) {
+    const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
+                 g = host_rows(d.g, R, I), dy = host_rows(d.d_y, R, C), dg = host_rows(d.d_g, R, I),
+                 dxs = host_rows(d.d_xs, R, C);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;
+      const auto e = static_cast<std::size_t>(first + l);
+      blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n), c.weight(w2_[e]),
+                            row_range(dg, r0, n), c.grad(w2_[e]));
+    }
+    kernels::swiglu_backward(c.ctx, dg, h1, h3, h1, h3);
+    c.store(h1);
+    c.store(h3);
+    for (std::int64_t l = 0; l < d.L; ++l) {
+      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
+                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
+      if (n == 0) continue;
+      const auto e = static_cast<std::size_t>(first + l);
+      const Tensor x = row_range(xs, r0, n), dx = row_range(dxs, r0, n);
+      blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(w1_[e]), dx, c.grad(w1_[e]));
+      blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(w3_[e]), dx, c.grad(w3_[e]),
+                            true);
+    }
+  }
+  d.combine(ep, d.d_xs.data(), s.d_xs.ptr<float>(), C);
 }
 
 void Moe::update_bias(const ParamStore& params, const std::vector<double>& load,
@@ -259,12 +361,16 @@ void Moe::update_bias(const ParamStore& params, const std::vector<double>& load,
   for (double l : load)
     mean += l;
   mean /= static_cast<double>(E_);
-  float* b = params.param(bias_).ptr<float>();
+  // The bias lives where the parameters do (host, or the device): moved on the host.
+  const Tensor bias = params.param(bias_);
+  std::vector<float> b(static_cast<std::size_t>(E_));
+  tensor::download(params.context(), bias, b.data());
   for (std::int64_t e = 0; e < E_; ++e) {
     const double diff = load[static_cast<std::size_t>(e)] - mean;
     const float sign = diff > 0.0 ? 1.0f : (diff < 0.0 ? -1.0f : 0.0f);
-    b[e] -= static_cast<float>(rate) * sign;
+    b[static_cast<std::size_t>(e)] -= static_cast<float>(rate) * sign;
   }
+  tensor::upload(params.context(), b.data(), bias);
 }
 
 }  // namespace dst::model

@@ -9,8 +9,10 @@
 /// The routed products are grouped: the N*K (token, slot) rows are sorted by expert
 /// (sort_by_expert) and each expert runs one product over its rows.
 ///
-/// The router, the token sort, and the gather and combine of rows run on the host
-/// (host memory only: a CUDA context is refused; CUDA kernels for MoE are future work).
+/// The router and the token sort run on the host over a copy of the (N, E) logits (small
+/// next to the expert products); the rows' bookkeeping (MoeActs token, row, weights) goes
+/// back to the context's memory, where the gather, the expert products and the combine run
+/// as kernels (kernels.hpp, "DeepSeekMoE token movement"), on the host or a CUDA device.
 /// The router's weight is read in fp32 (the master weights), as transformers computes it.
 /// Balancing: the router's correction bias (sigmoid scoring) is a parameter of the
 /// layout (in checkpoints) without gradients, moved by update_bias(); each forward adds its
@@ -18,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +28,7 @@
 #include "config/run_config.hpp"
 #include "model/layers/layer.hpp"
 #include "model/layers/mlp.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "model/layers/moe_router.hpp"
 #include "tensor/arena.hpp"
 
@@ -33,6 +37,8 @@ namespace dst::model {
 /// The host-side routing of the last forward, and the loads counted since the last
 /// balancing update.
 struct MoeRouting {
+  std::vector<float> logits;      // (N, E) the router logits' host copy; backward: gradient
+  std::vector<float> bias;        // (E) the choice correction's host copy (sigmoid router)
   std::vector<float> scores;      // (N, E) router scores s
   std::vector<std::int32_t> idx;  // (N, K) chosen experts
   std::vector<float> weights;     // (N, K) their weights
@@ -41,6 +47,7 @@ struct MoeRouting {
   ExpertRows rows;                // the grouped products' rows
   std::vector<double> load;       // (E) tokens routed to each expert since the last reset
   double aux_loss = 0.0;          // the last forward's balance loss (summed over sequences)
+  ExpertDispatch dispatch;        // expert parallelism: the last forward's exchange
 };
 
 /// What the MoE layer keeps from forward for backward (with its input).
@@ -50,15 +57,19 @@ struct MoeActs {
   tensor::Tensor xs;                    // (N*K, C) the input rows, sorted by expert
   tensor::Tensor h1, h3, g;             // (N*K, I) the routed experts' SwiGLU
   tensor::Tensor y;                     // (N*K, C) the routed experts' outputs
+  tensor::Tensor token;                 // (N*K) i32 the token of each sorted row
+  tensor::Tensor row;                   // (N, K) i32 the sorted row of token n's slot k
+  tensor::Tensor weights;               // (N, K) the chosen experts' weights
   std::shared_ptr<MoeRouting> routing;  // host state; nullptr in a planning layout
 };
 
 /// Backward scratch, shared by every MoE layer of the model.
 struct MoeScratch {
-  MlpScratch shared;    // (N, S*I)
-  tensor::Tensor d_g;   // (N*K, I)
-  tensor::Tensor d_y;   // (N*K, C) gradient of the expert outputs
-  tensor::Tensor d_xs;  // (N*K, C) gradient of the sorted input rows
+  MlpScratch shared;         // (N, S*I)
+  tensor::Tensor d_g;        // (N*K, I)
+  tensor::Tensor d_y;        // (N*K, C) gradient of the expert outputs
+  tensor::Tensor d_xs;       // (N*K, C) gradient of the sorted input rows
+  tensor::Tensor d_weights;  // (N, K) gradient of the chosen experts' weights
 };
 
 class Moe {
@@ -106,6 +117,15 @@ class Moe {
   std::size_t bias_index() const { return bias_; }
 
  private:
+  /// Expert parallelism: the routed products of the rows in a.xs (sorted by expert) on
+  /// their experts' ranks, their outputs back into a.y (forward); the gradients of a.y's
+  /// rows in s.d_y to the experts' ranks, the rows' input gradients back into s.d_xs
+  /// (backward). Collective over c.experts.
+  /// `overlap` (the shared experts' part) runs while the rows travel to the experts.
+  void experts_forward(const Compute& c, const MoeActs& a, bool count,
+                       const std::function<void()>& overlap) const;
+  void experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s,
+                        const std::function<void()>& overlap) const;
   std::string prefix_;
   std::int64_t C_, E_, K_, I_, S_;
   RouterShape shape_;

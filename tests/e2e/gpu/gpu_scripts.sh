@@ -46,6 +46,8 @@ def parity(tag, gpu_scale=1.0, drop_step=None, gpu_kernels="cuda", gtest_failure
     run(raw, "cpu", base, "kokkos")
     g = [x * gpu_scale for x in base]
     run(raw, "gpu", g, gpu_kernels)
+    run(raw, "cpu_moe", base, "kokkos")  # the tiny-moe pair agrees exactly
+    run(raw, "gpu_moe", base, "cuda")
     if drop_step:  # a run that died before that step
         run(raw, "gpu", g[: drop_step - 1], gpu_kernels)
         with open(os.path.join(raw, "cpu", "deck.yaml"), "w") as f:
@@ -72,8 +74,10 @@ assert d["passed"] and abs(d["final_rel_diff"] - 0.01 / 1.01) < 1e-9, d
 assert ok["gpu_tests"]["kernels_cuda_test"]["status"] == "passed"
 assert ok["gpu_tests"]["blas_cuda_test"]["status"] == "absent"
 
+assert ok["cpu_vs_gpu_moe"]["passed"] and ok["cpu_vs_gpu_moe"]["max_rel_diff"] == 0.0
 over = parity("over", gpu_scale=1 + 2e-4)
 assert not over["passed"] and "max relative difference" in over["failures"][0], over["failures"]
+assert over["cpu_vs_gpu_moe"]["passed"] and over["failures"][0].startswith("cpu_vs_gpu: ")
 short = parity("short", drop_step=15)
 assert not short["passed"] and "steps missing" in short["failures"][0], short["failures"]
 same = parity("same-backend", gpu_kernels="kokkos")
@@ -158,6 +162,10 @@ train() {  # train NAME DECK ARGS...: as benchmarks/gpu/parity's train(), on the
 }
 train cpu parity.yaml --set training.max_steps=3 --set training.schedule.warmup_steps=1
 train gpu parity.yaml --set training.max_steps=3 --set training.schedule.warmup_steps=1
+train cpu_moe parity.yaml --set training.max_steps=3 --set training.schedule.warmup_steps=1 \
+  --set model.preset=tiny-moe
+train gpu_moe parity.yaml --set training.max_steps=3 --set training.schedule.warmup_steps=1 \
+  --set model.preset=tiny-moe
 small=(--set training.max_steps=2 --set training.schedule.warmup_steps=1 --set data.seq_len=64
   --set training.micro_batch_size=2 --set training.global_batch_size=2)
 train fp32 bf16_drift.yaml "${small[@]}" --set training.precision=fp32
@@ -169,6 +177,8 @@ r = json.load(open(sys.argv[1]))
 c = r["cpu_vs_gpu"]
 # The same deck on the same back end twice: bit-identical losses (deterministic kernels).
 assert r["passed"] and c["steps_compared"] == 3 and c["max_rel_diff"] == 0.0, c
+m = r["cpu_vs_gpu_moe"]
+assert m["preset"] == "tiny-moe" and m["steps_compared"] == 3 and m["max_rel_diff"] == 0.0, m
 assert r["bf16_drift"]["steps_compared"] == 2 and r["bf16_drift"]["max_rel_diff"] > 0.0
 print("gpu scripts: decks ok")
 PY

@@ -13,6 +13,9 @@ MODE
   hang         debug.inject_hang_rank=1 after the first checkpoint: the job ends within
                parallel.timeout_s + 30 s, the waiting rank's flight record is printed, and
                the last checkpoint still loads.
+  hang-alltoallv  debug.inject_hang_alltoallv_rank=1 on tiny-moe at parallel.expert 2:
+               rank 1 hangs in the expert all-to-all-v; rank 0's deadline ends the job
+               (exit 4) within the same bound, naming the alltoallv on group 'expert'.
   hang-single  the same on a single-process run, where no collective waits: the hang
                watchdog (timeout + 15 s) names what the rank is stuck in and ends it with
                exit 4.
@@ -258,7 +261,7 @@ def ends_within_bound(c, extra, what, ranks=2, launcher=True):
         os.kill(pids[1], signal.SIGKILL)
         t_fault = time.time()
     else:
-        r.wait_for(r"debug\.inject_(hang|exit)_rank: ")
+        r.wait_for(r"debug\.inject_(hang|exit|hang_alltoallv)_rank: ")
         t_fault = time.time()
     rc, _ = r.finish(BOUND_S + 30)
     took = time.time() - t_fault
@@ -278,6 +281,20 @@ def mode_hang(c):
     c.resume_check(2, 2)
     print(f"hang on rank 1: the job ended {took:.0f} s after the hang (exit {rc}), rank 0 "
           "printed its flight record, step-2.h5 still loads")
+
+
+def mode_hang_alltoallv(c):
+    rc, took, out = ends_within_bound(
+        c, ["debug.inject_hang_alltoallv_rank=1", "model.preset=tiny-moe", "parallel.expert=2",
+            "parallel.backend=mpi"], "hang")
+    if rc != 4:
+        fail(f"exit {rc}; expected 4 (a collective's deadline)", out)
+    expect_all(out, (r"\[rank 0\] error: .*alltoallv of \d+ x f32 .* on group 'expert' \(2 ranks\)"
+                     r".*did not complete within 8 s",
+                     r"recent operations on rank 0 \(flight recorder",
+                     r"IN FLIGHT"))
+    print(f"hang in the expert all-to-all-v on rank 1: the job ended {took:.0f} s after the hang "
+          f"(exit {rc}), rank 0 named the alltoallv")
 
 
 def mode_hang_single(c):

@@ -465,6 +465,70 @@ TEST(Timeout, ReduceScatterOfBlocksHasTheDeadline) {
   comm->barrier();
 }
 
+// Expert parallelism's exchanges: rank r sends (r + 1) * (q + 1) elements to rank q, but
+// none from rank 0 to the last rank (an empty block); then the all-to-all of counts.
+TEST(Communicator, AlltoallvDeliversBlocksOfUnequalSizesByRank) {
+  auto comm = world_comm();
+  const int n = comm->size(), me = comm->rank();
+  std::vector<std::size_t> send_counts(n), recv_counts(n);
+  std::vector<float> send;
+  for (int q = 0; q < n; ++q) {
+    // Rank 0 sends nothing to the last rank: an empty block.
+    send_counts[q] =
+        (me == 0 && q == n - 1 && n > 1) ? 0 : static_cast<std::size_t>((me + 1) * (q + 1));
+    recv_counts[q] =
+        (q == 0 && me == n - 1 && n > 1) ? 0 : static_cast<std::size_t>((q + 1) * (me + 1));
+    for (std::size_t i = 0; i < send_counts[q]; ++i)
+      send.push_back(static_cast<float>(1000 * me + 10 * q) + static_cast<float>(i));
+  }
+  std::size_t total = 0;
+  for (const std::size_t c : recv_counts)
+    total += c;
+  std::vector<float> recv(total, -1.0f);
+  comm->ialltoallv(send.data(), send_counts, recv.data(), recv_counts, DType::f32).wait();
+  std::size_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (std::size_t i = 0; i < recv_counts[q]; ++i)
+      ASSERT_EQ(recv[at++], static_cast<float>(1000 * q + 10 * me) + static_cast<float>(i))
+          << "from rank " << q;
+  // The counts exchange: count_per_rank values to each rank.
+  std::vector<std::int64_t> cs(2 * static_cast<std::size_t>(n)), cr(cs.size(), -1);
+  for (int q = 0; q < n; ++q) {
+    cs[2 * q] = 100 * me + q;
+    cs[2 * q + 1] = 0;
+  }
+  comm->ialltoall(cs.data(), cr.data(), 2, DType::i64).wait();
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(cr[2 * q], 100 * q + me);
+    EXPECT_EQ(cr[2 * q + 1], 0);
+  }
+}
+
+TEST(Timeout, AlltoallvNamesItselfWhenAPeerHangs) {
+  auto comm = world_comm();
+  if (comm->size() < 2) GTEST_SKIP() << "needs a second rank to be late";
+  const int n = comm->size();
+  const std::vector<std::size_t> counts(n, 8);
+  std::vector<float> send(8 * static_cast<std::size_t>(n), 1.0f), recv(send.size());
+  if (comm->rank() == 0) {
+    comm->set_timeout_s(0.3);
+    Request r = comm->ialltoallv(send.data(), counts, recv.data(), counts, DType::f32);
+    try {
+      r.wait();
+      FAIL() << "wait() returned although rank 1 joins only after 1 s";
+    } catch (const dst::TimeoutError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("alltoallv of " + std::to_string(8 * n) + " x f32"), std::string::npos) << m;
+      EXPECT_NE(m.find("on group 'world'"), std::string::npos) << m;
+    }
+    r.wait_for(0.0);
+  } else {
+    if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    comm->ialltoallv(send.data(), counts, recv.data(), counts, DType::f32).wait();
+  }
+  comm->barrier();
+}
+
 TEST(Timeout, MessageNamesTheTrainingStep) {
   auto comm = world_comm();
   if (comm->size() < 2) GTEST_SKIP() << "needs a second rank to be late";

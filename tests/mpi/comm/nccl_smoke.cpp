@@ -4,7 +4,8 @@
 // Every rank binds GPU (node-local rank mod devices), makes the NCCL communicator of the
 // world through the MPI bootstrap, and checks every collective of the Communicator
 // interface against values computed on the host (ZeRO's reduce-scatter and all-gather of
-// unequal blocks included), then times one 64 MiB allreduce.
+// unequal blocks, expert parallelism's all-to-alls included), then times one 64 MiB
+// allreduce.
 // Exit codes: 0 all checks passed ("NCCL SMOKE OK" from rank 0), 1 a check or call
 // failed (the message names it), 77 no CUDA device here (CTest reports a skip).
 #include <cuda_runtime.h>
@@ -196,6 +197,45 @@ int main(int argc, char** argv) {
         refused = true;
       }
       expect(refused, "allgather_blocks with a block size too many refused");
+    }
+    // Expert parallelism's exchanges: an all-to-all of one count per rank, and an
+    // all-to-all of unequal blocks (rank r sends r + 2q + 1 elements to rank q, none to
+    // rank 1; element k of the block from r to q is 1000 r + 10 q + k).
+    {
+      DeviceFloats a_send(static_cast<std::size_t>(n)), a_recv(static_cast<std::size_t>(n));
+      std::vector<float> h(static_cast<std::size_t>(n));
+      for (int q = 0; q < n; ++q)
+        h[static_cast<std::size_t>(q)] = static_cast<float>(100 * rank + q);
+      a_send.upload(h);
+      comm->ialltoall(a_send.ptr, a_recv.ptr, 1, DType::f32).wait();
+      const auto got = a_recv.download(static_cast<std::size_t>(n));
+      for (int q = 0; q < n; ++q)
+        expect(got[static_cast<std::size_t>(q)] == static_cast<float>(100 * q + rank),
+               "alltoall element from rank " + std::to_string(q));
+      auto block = [](int from, int to) -> std::size_t {
+        return to == 1 ? 0 : static_cast<std::size_t>(from + 2 * to + 1);
+      };
+      std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(sc.size());
+      std::vector<float> out;
+      for (int q = 0; q < n; ++q) {
+        sc[static_cast<std::size_t>(q)] = block(rank, q);
+        rc[static_cast<std::size_t>(q)] = block(q, rank);
+        for (std::size_t k = 0; k < block(rank, q); ++k)
+          out.push_back(static_cast<float>(1000 * rank + 10 * q) + static_cast<float>(k));
+      }
+      std::size_t received = 0;
+      for (const std::size_t c : rc)
+        received += c;
+      DeviceFloats v_send(std::max<std::size_t>(out.size(), 1)),
+          v_recv(std::max<std::size_t>(received, 1));
+      if (!out.empty()) v_send.upload(out);
+      comm->ialltoallv(v_send.ptr, sc, v_recv.ptr, rc, DType::f32).wait();
+      const auto in = v_recv.download(received);
+      std::size_t i = 0;
+      for (int q = 0; q < n; ++q)
+        for (std::size_t k = 0; k < rc[static_cast<std::size_t>(q)]; ++k, ++i)
+          expect(in[i] == static_cast<float>(1000 * q + 10 * rank) + static_cast<float>(k),
+                 "alltoallv element " + std::to_string(i) + " from rank " + std::to_string(q));
     }
     // Bandwidth of one 64 MiB f32 allreduce (after a warm-up), for the cluster log.
     {

@@ -139,6 +139,44 @@ TEST(ProcessGroups, EveryLayoutOfThisWorldSplitsAsDocumented) {
   }
 }
 
+// Expert groups (parallel.expert = X): X consecutive data ranks of one data group, and
+// across them the data ranks at the same position (holding the same experts).
+TEST(ProcessGroups, ExpertGroupsAreConsecutiveDataRanks) {
+  const int n = world_size();
+  const int me = world_rank();
+  for (int tensor = 1; tensor <= n; tensor *= 2) {
+    const int data = n / tensor;
+    for (int X = 1; X <= data; X *= 2) {
+      Layout l = make_layout(data, tensor, 1);
+      l.expert = X;
+      SCOPED_TRACE(text(l) + " expert=" + std::to_string(X));
+      const Grid grid = enumerate(l);
+      auto g = dst::comm::make_process_groups(MPI_COMM_WORLD, l, kTestTimeoutS);
+      EXPECT_EQ(g.expert->size(), X);
+      EXPECT_EQ(g.expert_data->size(), data / X);
+      EXPECT_EQ(g.expert_rank, g.data_rank % X);
+      EXPECT_EQ(g.expert->rank(), g.data_rank % X);
+      EXPECT_EQ(g.expert_data->rank(), g.data_rank / X);
+      EXPECT_EQ(g.expert->name(), "expert");
+      EXPECT_EQ(g.expert_data->name(), "expert_data");
+      // Members: the data group's world ranks, in data-rank order.
+      const std::vector<std::int32_t> dm = members(grid, me, 1);
+      std::vector<std::int32_t> want_expert, want_expert_data;
+      for (int d = 0; d < data; ++d) {
+        if (d / X == g.data_rank / X) want_expert.push_back(dm[static_cast<std::size_t>(d)]);
+        if (d % X == g.data_rank % X) want_expert_data.push_back(dm[static_cast<std::size_t>(d)]);
+      }
+      EXPECT_EQ(gather_world_ranks(*g.expert), want_expert);
+      EXPECT_EQ(gather_world_ranks(*g.expert_data), want_expert_data);
+      EXPECT_NO_THROW(dst::comm::verify_process_groups(g));
+    }
+  }
+  Layout bad = make_layout(n, 1, 1);
+  bad.expert = 3;
+  if (n % 3 != 0)
+    EXPECT_THROW(dst::comm::make_process_groups(MPI_COMM_WORLD, bad, kTestTimeoutS), dst::Error);
+}
+
 TEST(ProcessGroups, LayoutThatDoesNotFitTheWorldIsRejected) {
   const int n = world_size();
   try {

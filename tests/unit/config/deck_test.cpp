@@ -334,6 +334,40 @@ TEST(DeckErrors, TensorParallelismIsNotSupportedYet) {
   EXPECT_EQ(ones.parallel.pipeline, 1);
 }
 
+// Expert parallelism (parallel.expert): an MoE model whose routed experts it divides, not
+// with NCCL; the data ranks it divides (resolve_layout, at the world size).
+TEST(DeckErrors, ExpertParallelism) {
+  EXPECT_EQ(load_error("parallel:\n  expert: 2\n"),
+            "deck.yaml:2:11: parallel.expert: parallel.expert 2 needs a DeepSeekMoE model "
+            "(model.n_routed_experts > 0)");
+  EXPECT_EQ(load_error("model: {preset: tiny-moe}\n", {"parallel.expert=3"}),
+            "--set parallel.expert=3: parallel.expert: parallel.expert (3) does not divide "
+            "model.n_routed_experts (8): each rank of an expert group holds the same number of "
+            "experts");
+  EXPECT_TRUE(
+      Contains(load_error("model: {preset: tiny-moe}\nparallel: {expert: 2, backend: nccl}\n"),
+               "parallel.expert: parallel.expert 2 is not supported with parallel.backend "
+               "nccl"));
+  EXPECT_TRUE(Contains(load_error("parallel:\n  expert: 0\n"), "parallel.expert"));
+  const RunConfig c = load(
+      "model: {preset: tiny-moe}\nparallel: {expert: 4}\n"
+      "training: {global_batch_size: 16, micro_batch_size: 2}\n");
+  EXPECT_EQ(c.parallel.expert, 4);
+  const dst::config::Layout four = dst::config::resolve_layout(c, 4);
+  EXPECT_EQ(four.expert, 4);
+  EXPECT_EQ(dst::config::resolve_layout(c, 8).expert, 4);
+  try {
+    dst::config::resolve_layout(c, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_EQ(e.key(), "parallel.expert");
+    EXPECT_TRUE(
+        Contains(e.what(), "parallel.expert (4) does not divide the data-parallel ranks (2)"))
+        << e.what();
+  }
+  EXPECT_EQ(dst::config::resolve_layout(load("model: {preset: tiny-moe}\n"), 2).expert, 1);
+}
+
 // ZeRO: stages 0-2, typed in the resolved deck; the NCCL back end has no shard
 // collectives yet, so the deck refuses the pair, naming the stage.
 TEST(DeckErrors, ZeroStageIsZeroToTwoAndNotWithNccl) {
@@ -830,6 +864,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "parallel.pipeline=1",
     "parallel.pipeline_layers=[3]",
     "parallel.pipeline_schedule=interleaved",  // refused only with more than one stage
+    "parallel.expert=2",                       // divides model.n_routed_experts (8) and data (2)
     "parallel.backend=shm",                    // not nccl: zero_stage > 0 is refused with it
     "parallel.zero_stage=2",
     "parallel.bucket_mb=12.5",
@@ -850,6 +885,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "debug.inject_nan_step=5",
     "debug.inject_overflow_step=6",
     "debug.inject_hang_rank=1",
+    "debug.inject_hang_alltoallv_rank=0",
     "debug.inject_exit_rank=0",
     "debug.inject_exit_in_checkpoint=true",
     "debug.inject_read_delay_ms=20",
@@ -904,12 +940,14 @@ TEST(DeckYaml, EqualityCoversEveryKey) {
     // Keys whose default is invalid beside the others: latent attention's shape without
     // its rank or RoPE/value dims, MoE without its top-k or expert width, topk_group 2
     // with one group, top-3 from one kept group of 2, a moving MoE bias with bf16 and
-    // zero_stage 2, the blocks per stage without their n_layers.
+    // zero_stage 2, the blocks per stage without their n_layers, expert parallelism
+    // without routed experts.
     const bool pairs_up = [&] {
       for (const char* k : {"model.kv_lora_rank", "model.qk_rope_head_dim", "model.v_head_dim",
                             "model.num_experts_per_tok", "model.moe_intermediate_size",
                             "model.n_group", "model.topk_group", "model.moe.bias_update_rate",
-                            "model.n_layers"})  // parallel.pipeline_layers [3] sums to it
+                            "model.n_layers",  // parallel.pipeline_layers [3] sums to it
+                            "model.n_routed_experts"})
         if (left_out.rfind(std::string(k) + "=", 0) == 0) return true;
       return false;
     }();

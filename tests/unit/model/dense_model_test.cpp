@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -164,6 +165,50 @@ TEST(DenseModel, IgnoredTargetsContributeNothing) {
     ASSERT_EQ(model.params().grads_data()[i], 0.0f);
 }
 
+/// Parameters away from their 0.02 init (std ~0.3) so every gradient is well above the
+/// central differences' noise floor; norm weights away from 1 so theirs are exercised too.
+void spread_parameters(dst::model::ParamStore& ps) {
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    float* w = ps.param(i).ptr<float>();
+    const bool norm = ps.spec(i).init != dst::model::Init::normal;
+    for (std::int64_t j = 0; j < ps.param(i).numel(); ++j)
+      w[j] = norm ? 1.0f + 0.3f * dst::core::normal(5, i, static_cast<std::uint64_t>(j))
+                  : 15.0f * w[j];
+  }
+}
+
+/// `grads` / valid (the gradient of a sum over `valid` tokens) against central differences
+/// (h = 1e-2) of `objective` at four elements of every parameter, drawn with `seed`.
+/// Returns how many elements were checked. The tolerance is the one argued at
+/// GradientsMatchCentralDifferences.
+int expect_sampled_gradients(dst::model::ParamStore& ps, const std::vector<float>& grads,
+                             std::int64_t valid, std::uint64_t seed,
+                             const std::function<double()>& objective) {
+  const float h = 1e-2f;
+  int checked = 0;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const auto& spec = ps.spec(i);
+    float* w = ps.param(i).ptr<float>();
+    const auto n = static_cast<std::uint64_t>(ps.param(i).numel());
+    for (std::uint64_t s = 0; s < 4; ++s) {
+      const auto j =
+          static_cast<std::int64_t>(dst::core::uniform01(seed, i, s) * static_cast<float>(n));
+      const float saved = w[j];
+      w[j] = saved + h;
+      const double up = objective();
+      w[j] = saved - h;
+      const double down = objective();
+      w[j] = saved;
+      const double fd = (up - down) / (2.0 * static_cast<double>(h));
+      const double analytic =
+          grads[spec.offset + static_cast<std::size_t>(j)] / static_cast<double>(valid);
+      EXPECT_NEAR(analytic, fd, 3e-4 + 3e-2 * std::fabs(fd)) << spec.name << "[" << j << "]";
+      ++checked;
+    }
+  }
+  return checked;
+}
+
 // Whole-model gradients against central differences of the mean loss, for a sample of
 // elements of every parameter tensor. Weights are scaled up from the 0.02 init (to
 // std ~0.3) so every gradient is well above the differences' noise floor. Tolerance:
@@ -177,18 +222,7 @@ TEST(DenseModel, GradientsMatchCentralDifferences) {
   DenseModel model(m, B, T, Arena::Mode::allocate);
   auto& ps = model.params();
   ps.initialize(11);
-  for (std::size_t i = 0; i < ps.size(); ++i) {
-    if (ps.spec(i).init != dst::model::Init::normal) {
-      // Norm weights away from 1 so their gradients are exercised too.
-      float* w = ps.param(i).ptr<float>();
-      for (std::int64_t j = 0; j < ps.param(i).numel(); ++j)
-        w[j] = 1.0f + 0.3f * dst::core::normal(5, i, static_cast<std::uint64_t>(j));
-      continue;
-    }
-    float* w = ps.param(i).ptr<float>();
-    for (std::int64_t j = 0; j < ps.param(i).numel(); ++j)
-      w[j] *= 15.0f;
-  }
+  spread_parameters(ps);
   const Batch batch = make_batch(B * T, 11, 21);
   std::int64_t valid = 0;
   ps.zero_grads();
@@ -199,28 +233,7 @@ TEST(DenseModel, GradientsMatchCentralDifferences) {
   auto mean_loss = [&] {
     return model.forward(batch.tokens.data(), batch.targets.data()) / static_cast<double>(valid);
   };
-  const float h = 1e-2f;
-  int checked = 0;
-  for (std::size_t i = 0; i < ps.size(); ++i) {
-    const auto& spec = ps.spec(i);
-    float* w = ps.param(i).ptr<float>();
-    const auto n = static_cast<std::uint64_t>(ps.param(i).numel());
-    for (std::uint64_t s = 0; s < 4; ++s) {
-      const auto j =
-          static_cast<std::int64_t>(dst::core::uniform01(99, i, s) * static_cast<float>(n));
-      const float saved = w[j];
-      w[j] = saved + h;
-      const double up = mean_loss();
-      w[j] = saved - h;
-      const double down = mean_loss();
-      w[j] = saved;
-      const double fd = (up - down) / (2.0 * static_cast<double>(h));
-      const double analytic =
-          grads[spec.offset + static_cast<std::size_t>(j)] / static_cast<double>(valid);
-      EXPECT_NEAR(analytic, fd, 3e-4 + 3e-2 * std::fabs(fd)) << spec.name << "[" << j << "]";
-      ++checked;
-    }
-  }
+  const int checked = expect_sampled_gradients(ps, grads, valid, 99, mean_loss);
   EXPECT_EQ(checked, static_cast<int>(4 * ps.size()));
 }
 
@@ -391,13 +404,7 @@ TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
     DenseModel model(m, B, T, Arena::Mode::allocate);
     auto& ps = model.params();
     ps.initialize(13);
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      float* w = ps.param(i).ptr<float>();
-      const bool norm = ps.spec(i).init != dst::model::Init::normal;
-      for (std::int64_t j = 0; j < ps.param(i).numel(); ++j)
-        w[j] = norm ? 1.0f + 0.3f * dst::core::normal(5, i, static_cast<std::uint64_t>(j))
-                    : 15.0f * w[j];
-    }
+    spread_parameters(ps);
     const Batch batch = make_batch(B * T, 11, 23);
     std::int64_t valid = 0;
     model.forward(batch.tokens.data(), batch.targets.data(), &valid);
@@ -423,26 +430,7 @@ TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
       return main / static_cast<double>(valid) +
              lambda * model.last_mtp_loss() / static_cast<double>(mtp_valid);
     };
-    const float h = 1e-2f;
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      const auto& spec = ps.spec(i);
-      float* w = ps.param(i).ptr<float>();
-      const auto n = static_cast<std::uint64_t>(ps.param(i).numel());
-      for (std::uint64_t s = 0; s < 4; ++s) {
-        const auto j =
-            static_cast<std::int64_t>(dst::core::uniform01(98, i, s) * static_cast<float>(n));
-        const float saved = w[j];
-        w[j] = saved + h;
-        const double up = objective();
-        w[j] = saved - h;
-        const double down = objective();
-        w[j] = saved;
-        const double fd = (up - down) / (2.0 * static_cast<double>(h));
-        const double analytic =
-            grads[spec.offset + static_cast<std::size_t>(j)] / static_cast<double>(valid);
-        EXPECT_NEAR(analytic, fd, 3e-4 + 3e-2 * std::fabs(fd)) << spec.name << "[" << j << "]";
-      }
-    }
+    expect_sampled_gradients(ps, grads, valid, 98, objective);
     // Without the module's loss (lambda 0) the main model's gradients are the plain
     // model's: the module reads the main model but adds nothing to its loss.
     model.set_mtp_loss_scale(0.0);

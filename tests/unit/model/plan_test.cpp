@@ -225,7 +225,8 @@ TEST(Plan, RecomputeTradesActivationsForFlops) {
 // tiny-moe (latent attention, DeepSeekMoE): the routed experts' activations are dropless,
 // top_k x tokens rows in all (the balanced top_k x tokens / n_routed per expert), each row
 // its sorted input, h1, h3, g and output plus its host routing (choice, weight and its
-// gradient, sorted token and row); recompute's FLOPs use the active parameters and the
+// gradient, sorted token and row) and their copies for the kernels (sorted token, row,
+// weight); recompute's FLOPs use the active parameters and the
 // latent attention's query/key width.
 TEST(Plan, MoeActivationsGrowWithTopKAndRecomputeCountsActiveFlops) {
   auto c = dst::config::load_deck_text(
@@ -240,7 +241,7 @@ TEST(Plan, MoeActivationsGrowWithTopKAndRecomputeCountsActiveFlops) {
   c.model.num_experts_per_tok = 1;
   const auto top1 = dst::model::make_plan(c, one);
   const auto row_bytes =
-      static_cast<std::uint64_t>((2 * m.d_model + 3 * m.moe_intermediate_size) * 4 + 5 * 4);
+      static_cast<std::uint64_t>((2 * m.d_model + 3 * m.moe_intermediate_size) * 4 + 8 * 4);
   EXPECT_EQ(top2.memory.activations - top1.memory.activations, moe_layers * N * row_bytes);
   EXPECT_EQ(top2.memory.parameters, top1.memory.parameters);  // every expert, whatever top_k
 
@@ -291,3 +292,27 @@ TEST(Plan, Formatting) {
 }
 
 }  // namespace
+
+// Expert parallelism: each MoE layer's token rows (micro x T x top_k x d_model fp32) go out
+// and back, forward and backward, (X-1)/X of them to other ranks; none without it.
+TEST(Plan, ExpertParallelismPlansTheAllToAllPerMoeLayer) {
+  const dst::config::RunConfig c = dst::config::load_deck_text(
+      "model: {preset: tiny-moe}\ndata: {seq_len: 64}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 16}\nparallel: {expert: 4}\n",
+      "plan_test");
+  const dst::config::Layout four = dst::config::resolve_layout(c, 4);  // accumulation 2
+  ASSERT_EQ(four.grad_accum_steps, 2);
+  const auto p = dst::model::make_plan(c, four);
+  const double rows = 2.0 * 64 * static_cast<double>(c.model.num_experts_per_tok);
+  const double per_layer = 4.0 * 2 * 0.75 * rows * static_cast<double>(c.model.d_model) * 4;
+  EXPECT_DOUBLE_EQ(p.alltoall_bytes_per_moe_layer, per_layer);
+  const auto blocks = static_cast<double>(c.model.n_layers - c.model.first_k_dense_replace);
+  ASSERT_FALSE(p.collectives.empty());
+  EXPECT_EQ(p.collectives.back().what.rfind("all-to-all-v", 0), 0u);
+  EXPECT_DOUBLE_EQ(p.collectives.back().bytes_per_rank, blocks * per_layer);
+  dst::config::RunConfig plain = c;
+  plain.parallel.expert = 1;
+  const auto q = dst::model::make_plan(plain, dst::config::resolve_layout(plain, 4));
+  EXPECT_EQ(q.alltoall_bytes_per_moe_layer, 0.0);
+  EXPECT_DOUBLE_EQ(p.comm_bytes_per_step - q.comm_bytes_per_step, blocks * per_layer);
+}

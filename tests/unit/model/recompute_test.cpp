@@ -108,6 +108,23 @@ Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage
   return out;
 }
 
+/// Every figure of `other` has the bits of `none`'s: the losses (training, evaluation,
+/// balance, MTP), the gradients, the bucket-ready order and the expert loads (counted once
+/// per forward, not again when a block is recomputed).
+void expect_same_bits(const Result& other, const Result& none) {
+  ASSERT_EQ(other.losses.size(), none.losses.size());
+  for (std::size_t i = 0; i < none.losses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&other.losses[i], &none.losses[i], sizeof(double)), 0) << "loss " << i;
+  EXPECT_EQ(std::memcmp(&other.eval_loss, &none.eval_loss, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&other.aux_loss, &none.aux_loss, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&other.mtp_loss, &none.mtp_loss, sizeof(double)), 0);
+  ASSERT_EQ(other.grads.size(), none.grads.size());
+  EXPECT_EQ(std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)),
+            0);
+  EXPECT_EQ(other.ready, none.ready);
+  EXPECT_EQ(other.moe_loads, none.moe_loads);
+}
+
 TEST(Recompute, GradientsAndLossesAreBitIdenticalToKeepingEverything) {
   for (const std::int64_t kv : {4, 2, 1}) {  // MHA and GQA
     for (const DType storage : {DType::f32, DType::bf16}) {
@@ -116,16 +133,7 @@ TEST(Recompute, GradientsAndLossesAreBitIdenticalToKeepingEverything) {
       for (const Recompute r : {Recompute::selective, Recompute::full}) {
         SCOPED_TRACE("kv_heads " + std::to_string(kv) + ", " +
                      std::string(dst::dtype_name(storage)) + ", " + dst::to_string(r));
-        const Result other = train_two_micro_batches(m, storage, r);
-        ASSERT_EQ(other.losses.size(), none.losses.size());
-        for (std::size_t i = 0; i < none.losses.size(); ++i)
-          EXPECT_EQ(std::memcmp(&other.losses[i], &none.losses[i], sizeof(double)), 0);
-        EXPECT_EQ(std::memcmp(&other.eval_loss, &none.eval_loss, sizeof(double)), 0);
-        ASSERT_EQ(other.grads.size(), none.grads.size());
-        EXPECT_EQ(
-            std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)),
-            0);
-        EXPECT_EQ(other.ready, none.ready);
+        expect_same_bits(train_two_micro_batches(m, storage, r), none);
       }
     }
   }
@@ -144,17 +152,7 @@ TEST(Recompute, LatentAttentionAndMoeAreBitIdenticalAndCountLoadsOnce) {
     EXPECT_GT(none.aux_loss, 0.0);
     for (const Recompute r : {Recompute::selective, Recompute::full}) {
       SCOPED_TRACE(std::string(dst::dtype_name(storage)) + ", " + dst::to_string(r));
-      const Result other = train_two_micro_batches(m, storage, r);
-      ASSERT_EQ(other.losses.size(), none.losses.size());
-      for (std::size_t i = 0; i < none.losses.size(); ++i)
-        EXPECT_EQ(std::memcmp(&other.losses[i], &none.losses[i], sizeof(double)), 0);
-      EXPECT_EQ(std::memcmp(&other.eval_loss, &none.eval_loss, sizeof(double)), 0);
-      ASSERT_EQ(other.grads.size(), none.grads.size());
-      EXPECT_EQ(
-          std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)), 0);
-      EXPECT_EQ(other.ready, none.ready);
-      EXPECT_EQ(other.moe_loads, none.moe_loads);  // counted once per forward
-      EXPECT_EQ(std::memcmp(&other.aux_loss, &none.aux_loss, sizeof(double)), 0);
+      expect_same_bits(train_two_micro_batches(m, storage, r), none);
     }
   }
 }
@@ -174,17 +172,7 @@ TEST(Recompute, MultiTokenPredictionIsBitIdenticalAndCountsLoadsOnce) {
     EXPECT_EQ(routed, static_cast<double>(m.n_layers * 3 * kB * kT * 2));
     for (const Recompute r : {Recompute::selective, Recompute::full}) {
       SCOPED_TRACE(std::string(dst::dtype_name(storage)) + ", " + dst::to_string(r));
-      const Result other = train_two_micro_batches(m, storage, r);
-      ASSERT_EQ(other.losses.size(), none.losses.size());
-      for (std::size_t i = 0; i < none.losses.size(); ++i)
-        EXPECT_EQ(std::memcmp(&other.losses[i], &none.losses[i], sizeof(double)), 0);
-      EXPECT_EQ(std::memcmp(&other.mtp_loss, &none.mtp_loss, sizeof(double)), 0);
-      ASSERT_EQ(other.grads.size(), none.grads.size());
-      EXPECT_EQ(
-          std::memcmp(other.grads.data(), none.grads.data(), none.grads.size() * sizeof(float)), 0);
-      EXPECT_EQ(other.ready, none.ready);
-      EXPECT_EQ(other.moe_loads, none.moe_loads);
-      EXPECT_EQ(std::memcmp(&other.aux_loss, &none.aux_loss, sizeof(double)), 0);
+      expect_same_bits(train_two_micro_batches(m, storage, r), none);
     }
   }
 }
