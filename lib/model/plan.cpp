@@ -237,6 +237,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   ModelMemory mm = model.memory();
   auto& mem = plan.memory;
   mem = memory_of(mm);
+  if (layout.pipeline != c.parallel.pipeline)
+    throw Error("plan: the layout has " + std::to_string(layout.pipeline) +
+                " pipeline stages but the deck's parallel.pipeline is " +
+                std::to_string(c.parallel.pipeline));
   if (layout.pipeline > 1) {
     // Each stage in planning mode, as the trainer builds it (StageBlocks).
     const std::int64_t micro = layout.grad_accum_steps;

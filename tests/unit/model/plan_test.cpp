@@ -1,6 +1,8 @@
 // Closed-form plan of the dense DeepSeek-LLM decoder against published sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config/deck.hpp"
 #include "core/error.hpp"
 #include "model/plan.hpp"
@@ -132,13 +134,52 @@ TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
   EXPECT_EQ(replicas.memory.gradients, p16.memory.gradients);
   EXPECT_EQ(replicas.memory.parameters, p16.memory.parameters);
   EXPECT_GT(replicas.comm_bytes_per_step, 0.0);
-  // Nor does a tensor or pipeline split shrink the plan: neither is implemented (the deck
-  // refuses them, issue 31), so a layout claiming one must not promise less memory.
+  // Nor does a tensor split shrink the plan: it is not implemented (the deck refuses it,
+  // issue 31), so a layout claiming one must not promise less memory.
   dst::config::Layout claimed = one;
-  claimed.world_size = 4;
+  claimed.world_size = 2;
   claimed.tensor = 2;
-  claimed.pipeline = 2;
   EXPECT_EQ(dst::model::make_plan(c, claimed).memory.total(), p16.memory.total());
+}
+
+// Pipeline stages: each stage planned with its own layers and records, the heaviest as the
+// memory per rank; the bubble and the point-to-point bytes; a layout whose stages are not
+// the deck's is refused.
+TEST(Plan, PipelineStagesHoldTheirLayers) {
+  dst::config::RunConfig c;
+  c.model = deepseek_llm_7b();  // 30 blocks
+  c.data.seq_len = 4096;
+  c.training.micro_batch_size = 1;
+  c.training.precision = dst::config::Precision::bf16;
+  dst::config::Layout one;
+  one.global_batch_size = 8;
+  one.grad_accum_steps = 8;
+  const auto whole = dst::model::make_plan(c, one);
+  EXPECT_TRUE(whole.stages.empty());
+  EXPECT_EQ(whole.bubble_fraction, 0.0);
+  c.parallel.pipeline = 2;
+  dst::config::Layout pp2 = one;
+  pp2.world_size = 2;
+  pp2.pipeline = 2;
+  const auto staged = dst::model::make_plan(c, pp2);
+  ASSERT_EQ(staged.stages.size(), 2u);
+  EXPECT_EQ(staged.stages[0].first, 0);
+  EXPECT_EQ(staged.stages[0].last, 15);
+  EXPECT_EQ(staged.stages[1].last, 30);
+  EXPECT_EQ(staged.stages[0].in_flight, 2);
+  EXPECT_EQ(staged.stages[1].in_flight, 1);
+  EXPECT_EQ(staged.stages[0].parameters + staged.stages[1].parameters, whole.params.total());
+  EXPECT_DOUBLE_EQ(staged.bubble_fraction, 1.0 / 8.0);
+  EXPECT_DOUBLE_EQ(staged.p2p_bytes_per_micro_batch, 4096.0 * 4096.0 * 4.0);
+  // Half the blocks: about half the parameters' bytes per rank, the heaviest stage's.
+  EXPECT_LT(staged.memory.parameters, whole.memory.parameters * 6 / 10);
+  EXPECT_LT(staged.memory.total(), whole.memory.total());
+  std::uint64_t heaviest = 0;
+  for (const auto& s : staged.stages)
+    heaviest = std::max(heaviest, s.memory.total());
+  EXPECT_EQ(staged.memory.total(), heaviest);
+  pp2.pipeline = 4;
+  EXPECT_THROW(dst::model::make_plan(c, pp2), dst::Error);
 }
 
 TEST(Plan, ZeroStagesDivideWhatOnlyTheOptimizerStepReads) {
