@@ -217,10 +217,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // g's gradient, 4 x moe_intermediate_size, fp32), planned at the balanced load of micro
     // x seq_len x top-k rows per rank. (Pipeline stages hold no MoE block: refused.)
     if (layout.expert > 1 && m.n_routed_experts > 0) {
-      const std::int64_t blocks = count_parameters(m).moe_layers +
-                                  (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
-      const auto rows = static_cast<std::uint64_t>(c.training.micro_batch_size *
-                                                   c.data.seq_len * m.num_experts_per_tok);
+      const std::int64_t blocks =
+          count_parameters(m).moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+      const auto rows = static_cast<std::uint64_t>(c.training.micro_batch_size * c.data.seq_len *
+                                                   m.num_experts_per_tok);
       mem.activations += static_cast<std::uint64_t>(blocks) * rows *
                          static_cast<std::uint64_t>(5 * m.d_model + 4 * m.moe_intermediate_size) *
                          sizeof(float);
