@@ -29,7 +29,6 @@ usage: pipeline.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFL
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -37,27 +36,18 @@ import time
 import h5py
 import numpy as np
 
+from training_e2e import rel_l2, setup
+
 TOL = 1e-5
 STEPS = 10
 SEQ, MICRO, GLOBAL = 64, 2, 8
 TIMEOUT_S = 5
 
 
-def rel_l2(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def main():
-    sep = sys.argv.index("--")
-    dstrain, deck, generator, work = sys.argv[1:sep]
-    mpiexec, numproc_flag, *preflags = sys.argv[sep + 1:]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    data = os.path.join(work, "data")
-    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
-                    "--train-samples", "256", "--valid-samples", "8"], check=True)
+    st = setup(SEQ)
+    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
+    mpiexec, numproc_flag, preflags = *st.launch, st.preflags
     problems = []
 
     def launch(name, ranks, sets):

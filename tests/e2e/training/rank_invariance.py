@@ -30,12 +30,13 @@ alike in every layout).
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import h5py
 import numpy as np
+
+from training_e2e import rel_l2, setup
 
 TOL_LOSS = 1e-5
 TOL_PARAM = 1e-5
@@ -46,21 +47,11 @@ LAYOUTS = [(1, 4), (2, 2), (4, 1)]  # (ranks, accumulation steps)
 MPI_LAYOUTS = [(2, 2), (4, 1)]
 
 
-def rel_l2(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def main():
-    sep = sys.argv.index("--")
-    dstrain, deck, generator, work, *model_sets = sys.argv[1:sep]
-    mpiexec, numproc_flag, *preflags = sys.argv[sep + 1:]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    data = os.path.join(work, "data")
-    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
-                    "--train-samples", "256", "--valid-samples", "8"], check=True)
+    st = setup(SEQ)
+    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
+    mpiexec, numproc_flag, preflags = *st.launch, st.preflags
+    model_sets = st.extra
     runs = {}
     for ranks, accum, backend in [(r, a, "auto") for r, a in LAYOUTS] + \
             [(r, a, "mpi") for r, a in MPI_LAYOUTS]:

@@ -29,12 +29,12 @@ usage: zero_stages.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PR
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-import h5py
 import numpy as np
+
+from training_e2e import read_h5, same_bits, setup
 
 STEPS, EVERY = 6, 3
 SEQ, MICRO, GLOBAL = 64, 2, 8
@@ -42,29 +42,10 @@ TOL = 1e-5
 TINY_PARAMS = 3297536
 
 
-def read_h5(path, prefixes):
-    out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and name.startswith(prefixes):
-                out[name] = np.array(obj)
-        f.visititems(visit)
-    return out
-
-
-def same_bits(a, b):
-    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
-
-
 def main():
-    sep = sys.argv.index("--")
-    dstrain, deck, generator, work = sys.argv[1:sep]
-    mpiexec, numproc_flag, *preflags = sys.argv[sep + 1:]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    data = os.path.join(work, "data")
-    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
-                    "--train-samples", "256", "--valid-samples", "8"], check=True)
+    st = setup(SEQ)
+    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
+    mpiexec, numproc_flag, preflags = *st.launch, st.preflags
     problems = []
 
     def run(name, ranks, backend, zero, extra=(), precision="fp32"):

@@ -1,0 +1,66 @@
+"""What the multi-rank training scripts of this folder share (rank_invariance.py,
+zero_stages.py, pipeline.py, expert_parallel.py): their command line, a fresh work folder
+with the synthetic corpus, and the comparisons of parameters."""
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+
+@dataclass
+class Setup:
+    dstrain: str
+    deck: str
+    work: str
+    data: str  # the corpus folder: train.txt, valid.txt
+    launch: list  # mpiexec, its process-count flag; the count follows, then preflags
+    preflags: list
+    extra: list = field(default_factory=list)  # arguments after the work folder
+
+    def mpiexec(self, ranks):
+        """The launcher's words for `ranks` processes, oversubscribed."""
+        return [*self.launch, str(ranks), "--oversubscribe", *self.preflags]
+
+
+def setup(seq_len, argv=None):
+    """Parses `DSTRAIN DECK GENERATOR WORK [EXTRA...] -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]`,
+    empties WORK and writes the synthetic corpus of `seq_len` tokens per sample (256
+    training, 8 validation samples) into WORK/data."""
+    argv = sys.argv if argv is None else argv
+    sep = argv.index("--")
+    dstrain, deck, generator, work, *extra = argv[1:sep]
+    mpiexec, numproc_flag, *preflags = argv[sep + 1:]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    data = os.path.join(work, "data")
+    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(seq_len),
+                    "--train-samples", "256", "--valid-samples", "8"], check=True,
+                   capture_output=True)
+    return Setup(dstrain, deck, work, data, [mpiexec, numproc_flag], preflags, extra)
+
+
+def rel_l2(a, b):
+    """||a - b|| / ||b|| in float64 (b's norm floored at 1e-30)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def read_h5(path, prefixes):
+    """Every dataset of an HDF5 file whose name starts with one of `prefixes`."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and name.startswith(prefixes):
+                out[name] = np.array(obj)
+        f.visititems(visit)
+    return out
+
+
+def same_bits(a, b):
+    """The same names holding the same bytes."""
+    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
