@@ -180,22 +180,7 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   if (parallel(c)) {
     experts_forward(c, a, count, shared_part);  // the shared product overlaps the dispatch
   } else {
-    for (std::int64_t e = 0; e < E_; ++e) {
-      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-      if (n == 0) continue;
-      blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w1_[e]), row_range(a.h1, r0, n));
-      blas::linear_forward(c.ctx, row_range(a.xs, r0, n), c.weight(w3_[e]), row_range(a.h3, r0, n));
-    }
-    c.store(a.h1);
-    c.store(a.h3);
-    kernels::swiglu_forward(c.ctx, a.h1, a.h3, a.g);
-    c.store(a.g);
-    for (std::int64_t e = 0; e < E_; ++e) {
-      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-      if (n == 0) continue;
-      blas::linear_forward(c.ctx, row_range(a.g, r0, n), c.weight(w2_[e]), row_range(a.y, r0, n));
-    }
-    c.store(a.y);
+    swiglu_rows_forward(c, r.rows.offset, 0, a.xs, a.h1, a.h3, a.g, a.y);
     shared_part();
   }
 
@@ -227,25 +212,7 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   if (parallel(c)) {
     experts_backward(c, a, s, shared_part);  // the shared backward overlaps the dispatch
   } else {
-    // The experts' SwiGLU backward over their rows (d_h1, d_h3 overwrite h1, h3 as Mlp's).
-    for (std::int64_t e = 0; e < E_; ++e) {
-      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-      if (n == 0) continue;
-      blas::linear_backward(c.ctx, row_range(s.d_y, r0, n), row_range(a.g, r0, n), c.weight(w2_[e]),
-                            row_range(s.d_g, r0, n), c.grad(w2_[e]));
-    }
-    kernels::swiglu_backward(c.ctx, s.d_g, a.h1, a.h3, a.h1, a.h3);
-    c.store(a.h1);
-    c.store(a.h3);
-    for (std::int64_t e = 0; e < E_; ++e) {
-      const std::int64_t r0 = r.rows.offset[e], n = r.rows.offset[e + 1] - r0;
-      if (n == 0) continue;
-      const Tensor xs = row_range(a.xs, r0, n), dxs = row_range(s.d_xs, r0, n);
-      blas::linear_backward(c.ctx, row_range(a.h1, r0, n), xs, c.weight(w1_[e]), dxs,
-                            c.grad(w1_[e]));
-      blas::linear_backward(c.ctx, row_range(a.h3, r0, n), xs, c.weight(w3_[e]), dxs,
-                            c.grad(w3_[e]), true);
-    }
+    swiglu_rows_backward(c, r.rows.offset, 0, a.xs, a.h1, a.h3, a.g, s.d_y, s.d_g, s.d_xs);
   }
   // dx[n] += sum_k d_xs[row of (n, k)], slots in order.
   kernels::gather_rows_backward(c.ctx, s.d_xs, row, dx);
@@ -286,28 +253,8 @@ void Moe::experts_forward(const Compute& c, const MoeActs& a, bool count,
   d.g.resize(d.h1.size());
   d.dispatch(ep, a.xs.ptr<float>(), d.xs.data(), C, overlap);
   if (R > 0) {
-    const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
-                 g = host_rows(d.g, R, I), y = host_rows(d.y, R, C);
-    for (std::int64_t l = 0; l < d.L; ++l) {
-      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
-                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
-      if (n == 0) continue;  // an expert no token chose
-      const auto e = static_cast<std::size_t>(first + l);
-      blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w1_[e]), row_range(h1, r0, n));
-      blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w3_[e]), row_range(h3, r0, n));
-    }
-    c.store(h1);
-    c.store(h3);
-    kernels::swiglu_forward(c.ctx, h1, h3, g);
-    c.store(g);
-    for (std::int64_t l = 0; l < d.L; ++l) {
-      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
-                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
-      if (n == 0) continue;
-      const auto e = static_cast<std::size_t>(first + l);
-      blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(w2_[e]), row_range(y, r0, n));
-    }
-    c.store(y);
+    swiglu_rows_forward(c, d.local_offset, first, host_rows(d.xs, R, C), host_rows(d.h1, R, I),
+                        host_rows(d.h3, R, I), host_rows(d.g, R, I), host_rows(d.y, R, C));
   }
   d.combine(ep, d.y.data(), a.y.ptr<float>(), C);
 }
@@ -323,32 +270,65 @@ void Moe::experts_backward(const Compute& c, const MoeActs& a, const MoeScratch&
   d.d_g.resize(static_cast<std::size_t>(R * I));
   d.dispatch(ep, s.d_y.ptr<float>(), d.d_y.data(), C, overlap);
   if (R > 0) {
-    const Tensor xs = host_rows(d.xs, R, C), h1 = host_rows(d.h1, R, I), h3 = host_rows(d.h3, R, I),
-                 g = host_rows(d.g, R, I), dy = host_rows(d.d_y, R, C), dg = host_rows(d.d_g, R, I),
-                 dxs = host_rows(d.d_xs, R, C);
-    for (std::int64_t l = 0; l < d.L; ++l) {
-      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
-                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
-      if (n == 0) continue;
-      const auto e = static_cast<std::size_t>(first + l);
-      blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n), c.weight(w2_[e]),
-                            row_range(dg, r0, n), c.grad(w2_[e]));
-    }
-    kernels::swiglu_backward(c.ctx, dg, h1, h3, h1, h3);
-    c.store(h1);
-    c.store(h3);
-    for (std::int64_t l = 0; l < d.L; ++l) {
-      const std::int64_t r0 = d.local_offset[static_cast<std::size_t>(l)],
-                         n = d.local_offset[static_cast<std::size_t>(l + 1)] - r0;
-      if (n == 0) continue;
-      const auto e = static_cast<std::size_t>(first + l);
-      const Tensor x = row_range(xs, r0, n), dx = row_range(dxs, r0, n);
-      blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(w1_[e]), dx, c.grad(w1_[e]));
-      blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(w3_[e]), dx, c.grad(w3_[e]),
-                            true);
-    }
+    swiglu_rows_backward(c, d.local_offset, first, host_rows(d.xs, R, C), host_rows(d.h1, R, I),
+                         host_rows(d.h3, R, I), host_rows(d.g, R, I), host_rows(d.d_y, R, C),
+                         host_rows(d.d_g, R, I), host_rows(d.d_xs, R, C));
   }
   d.combine(ep, d.d_xs.data(), s.d_xs.ptr<float>(), C);
+}
+
+void Moe::swiglu_rows_forward(const Compute& c, const std::vector<std::int64_t>& offset,
+                              std::int64_t first, const Tensor& xs, const Tensor& h1,
+                              const Tensor& h3, const Tensor& g, const Tensor& y) const {
+  const auto experts = static_cast<std::int64_t>(offset.size()) - 1;
+  for (std::int64_t l = 0; l < experts; ++l) {
+    const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
+                       n = offset[static_cast<std::size_t>(l + 1)] - r0;
+    if (n == 0) continue;  // an expert no token chose
+    const auto e = static_cast<std::size_t>(first + l);
+    blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w1_[e]), row_range(h1, r0, n));
+    blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w3_[e]), row_range(h3, r0, n));
+  }
+  c.store(h1);
+  c.store(h3);
+  kernels::swiglu_forward(c.ctx, h1, h3, g);
+  c.store(g);
+  for (std::int64_t l = 0; l < experts; ++l) {
+    const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
+                       n = offset[static_cast<std::size_t>(l + 1)] - r0;
+    if (n == 0) continue;
+    const auto e = static_cast<std::size_t>(first + l);
+    blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(w2_[e]), row_range(y, r0, n));
+  }
+  c.store(y);
+}
+
+void Moe::swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>& offset,
+                               std::int64_t first, const Tensor& xs, const Tensor& h1,
+                               const Tensor& h3, const Tensor& g, const Tensor& dy,
+                               const Tensor& dg, const Tensor& dxs) const {
+  const auto experts = static_cast<std::int64_t>(offset.size()) - 1;
+  for (std::int64_t l = 0; l < experts; ++l) {
+    const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
+                       n = offset[static_cast<std::size_t>(l + 1)] - r0;
+    if (n == 0) continue;
+    const auto e = static_cast<std::size_t>(first + l);
+    blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n), c.weight(w2_[e]),
+                          row_range(dg, r0, n), c.grad(w2_[e]));
+  }
+  kernels::swiglu_backward(c.ctx, dg, h1, h3, h1, h3);
+  c.store(h1);
+  c.store(h3);
+  for (std::int64_t l = 0; l < experts; ++l) {
+    const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
+                       n = offset[static_cast<std::size_t>(l + 1)] - r0;
+    if (n == 0) continue;
+    const auto e = static_cast<std::size_t>(first + l);
+    const Tensor x = row_range(xs, r0, n), dx = row_range(dxs, r0, n);
+    blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(w1_[e]), dx, c.grad(w1_[e]));
+    blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(w3_[e]), dx, c.grad(w3_[e]),
+                          true);
+  }
 }
 
 void Moe::update_bias(const ParamStore& params, const std::vector<double>& load,

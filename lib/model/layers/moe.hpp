@@ -126,6 +126,20 @@ class Moe {
                        const std::function<void()>& overlap) const;
   void experts_backward(const Compute& c, const MoeActs& a, const MoeScratch& s,
                         const std::function<void()>& overlap) const;
+  /// The SwiGLU of experts first .. first + L - 1 over their rows, expert first + l's
+  /// rows [offset[l], offset[l + 1]) of xs: h1 = xs W1^T, h3 = xs W3^T, g = silu(h1) h3,
+  /// y = g W2^T (experts without rows skipped). `offset` has L + 1 entries.
+  void swiglu_rows_forward(const Compute& c, const std::vector<std::int64_t>& offset,
+                           std::int64_t first, const tensor::Tensor& xs, const tensor::Tensor& h1,
+                           const tensor::Tensor& h3, const tensor::Tensor& g,
+                           const tensor::Tensor& y) const;
+  /// Its backward from dy: dg, then d_h1, d_h3 overwriting h1, h3 (as Mlp's), dxs written;
+  /// the experts' weight gradients accumulated.
+  void swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>& offset,
+                            std::int64_t first, const tensor::Tensor& xs, const tensor::Tensor& h1,
+                            const tensor::Tensor& h3, const tensor::Tensor& g,
+                            const tensor::Tensor& dy, const tensor::Tensor& dg,
+                            const tensor::Tensor& dxs) const;
   std::string prefix_;
   std::int64_t C_, E_, K_, I_, S_;
   RouterShape shape_;
