@@ -364,8 +364,10 @@ void gather_rows(const ExecContext& ctx, const Tensor& x, const Tensor& token, c
   expect(ctx, token, Shape{token.shape[0]}, DType::i32, k, "token");
   expect(ctx, out, Shape{token.shape[0], x.shape[1]}, DType::f32, k, "out");
   if (out.numel() == 0) return;
-  dispatch(ctx, detail::GatherRowsArgs{x.ptr<float>(), token.ptr<std::int32_t>(), out.ptr<float>(),
-                                       x.shape[0], token.shape[0], x.shape[1]});
+  // The embedding's checked gather: x's rows are its table, the rows' tokens its ids.
+  dispatch(ctx, detail::EmbeddingForwardArgs{token.ptr<std::int32_t>(), x.ptr<float>(),
+                                             out.ptr<float>(), token.shape[0], x.shape[1],
+                                             x.shape[0], k, "the rows of x"});
 }
 
 void gather_rows_backward(const ExecContext& ctx, const Tensor& d_out, const Tensor& row,

@@ -107,11 +107,14 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dout, const Tensor& h
 // A token's K chosen experts make K rows of the grouped expert products, sorted by expert
 // (model/layers/moe_router.hpp, sort_by_expert): row r belongs to token token[r], and token
 // n's slot k is row row[n, k]. The indices are the router's invariant (every row is one
-// (token, slot) pair) and are not checked here. No atomics: every output element is summed
+// (token, slot) pair); only gather_rows checks its tokens (it is the embedding's gather).
+// No atomics: every output element is summed
 // by one thread in slot order, so the results are the same bits on every run, and the
 // CUDA back end's equal the Kokkos back end's (d_weights, a reduction, excepted).
 
-/// Writes out[r, :] = x[token[r], :].  x (N, C); token (R) i32; out (R, C).
+/// Writes out[r, :] = x[token[r], :].  x (N, C); token (R) i32; out (R, C). Throws
+/// dst::Error naming the first token outside [0, N) and its position (embedding_forward's
+/// gather and check, with x as the table).
 void gather_rows(const ExecContext& ctx, const Tensor& x, const Tensor& token, const Tensor& out);
 /// The transpose of gather_rows, by token: accumulates dx[n, :] += sum_k d_out[row[n, k], :],
 /// slots in order k = 0 .. K-1.  d_out (R, C); row (N, K) i32; dx (N, C).

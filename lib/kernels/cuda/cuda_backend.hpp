@@ -53,7 +53,6 @@ void run(void* stream, const kernels::detail::FirstNonfiniteArgs& a);
 /// Enqueued only: lowers *a.flag (device memory) without synchronising.
 void run(void* stream, const kernels::detail::FirstNonfiniteMinArgs& a);
 void run(void* stream, const kernels::detail::AdamwArgs& a);
-void run(void* stream, const kernels::detail::GatherRowsArgs& a);
 void run(void* stream, const kernels::detail::GatherRowsBackwardArgs& a);
 void run(void* stream, const kernels::detail::MoeCombineForwardArgs& a);
 void run(void* stream, const kernels::detail::MoeCombineBackwardArgs& a);

@@ -18,12 +18,12 @@ namespace {
 /// bad position. `iota` as in first_bad_id.
 void check_tokens(cudaStream_t stream, const char* kernel, const std::int32_t* tokens,
                   const Index n, const Index v, std::int32_t* iota, unsigned long long* flag,
-                  void* host) {
+                  void* host, const char* table = "the vocabulary") {
   const Index bad = first_bad_id(stream, tokens, n, v, false, 0, iota, flag, host);
   if (bad < 0) return;
   const std::int32_t id = id_at(stream, tokens, bad, host);
   throw Error(std::string("kernels::") + kernel + ": token id " + std::to_string(id) +
-              " at position " + std::to_string(bad) + " is outside the vocabulary [0, " +
+              " at position " + std::to_string(bad) + " is outside " + table + " [0, " +
               std::to_string(v) + ")");
 }
 
@@ -96,8 +96,8 @@ void run(void* stream, const kernels::detail::EmbeddingForwardArgs& a) {
   ScratchLayout layout;
   const std::size_t flag_at = layout.add(sizeof(unsigned long long));
   const Scratch sc = scratch(s, layout.bytes());
-  check_tokens(s, "embedding_forward", a.tokens, a.n, a.v, nullptr,
-               reinterpret_cast<unsigned long long*>(sc.device + flag_at), sc.host);
+  check_tokens(s, a.kernel, a.tokens, a.n, a.v, nullptr,
+               reinterpret_cast<unsigned long long*>(sc.device + flag_at), sc.host, a.table);
   const bool vec = a.c % 4 == 0 && aligned16(a.wte) && aligned16(a.out);
   with_flag(vec, [&](auto kVec) {
     DST_CUDA_LAUNCH("dst::kernels::embedding_forward::gather", gather_rows<decltype(kVec)::value>,

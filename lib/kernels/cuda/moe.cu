@@ -1,8 +1,8 @@
-// DeepSeekMoE's token movement on the GPU: the gather of token rows into the grouped expert
-// products' order, its transpose, and the weighted combine with its backward. Each output
-// quad is owned by one thread that adds the slots in order k = 0 .. K-1 as the Kokkos back
-// end does (no float atomics): gather, its transpose, the combine and d_y are bitwise equal
-// to Kokkos'; d_weights is a warp's double-precision dot product (a fixed tree, so the same
+// DeepSeekMoE's token movement on the GPU: the transpose of the gather of token rows (the
+// gather is the embedding's, embedding.cu), and the weighted combine with its backward.
+// Each output quad is owned by one thread that adds the slots in order k = 0 .. K-1 as the
+// Kokkos back end does (no float atomics): the transpose, the combine and d_y are bitwise
+// equal to Kokkos'; d_weights is a warp's double-precision dot product (a fixed tree, so the same
 // bits on every run, but not Kokkos' sequential order).
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/detail/common.cuh"
@@ -10,22 +10,6 @@
 namespace dst::kernels::cuda_backend {
 namespace detail {
 namespace {
-
-/// out[r, :] = x[token[r], :], one quad per thread.
-template <bool kVec>
-__global__ void gather_token_rows(const float* x,             // (N, C)
-                                  const std::int32_t* token,  // (R)
-                                  float* out,                 // (R, C)
-                                  const Index rows, const Index c) {
-  const Index quads = ceil_div(c, 4);
-  for (Index q = grid_start(); q < rows * quads; q += grid_stride()) {
-    const Index r = q / quads;
-    const Index j = (q - r * quads) * 4;
-    float v[4];
-    load4<kVec>(x + static_cast<Index>(token[r]) * c, j, c, v);
-    store4<kVec>(out + r * c, j, c, v);
-  }
-}
 
 /// out[n, j..] += w[n, 0] y[row[n, 0], j..] + w[n, 1] y[row[n, 1], j..] + ..., in slot
 /// order (each product rounded, then added: -fmad=false, as the Kokkos loop); w = 1
@@ -90,16 +74,6 @@ __global__ void combine_backward_slots(const float* dout,        // (N, C)
 
 }  // namespace
 }  // namespace detail
-
-void run(void* stream, const kernels::detail::GatherRowsArgs& a) {
-  using namespace detail;
-  const bool vec = a.c % 4 == 0 && aligned16(a.x) && aligned16(a.out);
-  with_flag(vec, [&](auto kVec) {
-    DST_CUDA_LAUNCH("dst::kernels::gather_rows::rows", gather_token_rows<decltype(kVec)::value>,
-                    element_grid(a.rows * ceil_div(a.c, 4)), dim3(kElementThreads),
-                    stream_of(stream), a.x, a.token, a.out, a.rows, a.c);
-  });
-}
 
 void run(void* stream, const kernels::detail::GatherRowsBackwardArgs& a) {
   using namespace detail;

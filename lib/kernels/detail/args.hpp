@@ -13,11 +13,15 @@ namespace dst::kernels::detail {
 
 using Index = std::int64_t;
 
+/// Also gather_rows (x as wte, the rows' tokens as tokens): the same checked row gather,
+/// its errors naming `kernel` and the rows the ids index (`table`).
 struct EmbeddingForwardArgs {
   const std::int32_t* tokens;  // (N)
   const float* wte;            // (V, C)
   float* out;                  // (N, C)
   Index n, c, v;
+  const char* kernel = "embedding_forward";
+  const char* table = "the vocabulary";
 };
 
 struct EmbeddingBackwardArgs {
@@ -100,13 +104,8 @@ struct SwigluBackwardArgs {
   Index n;
 };
 
-/// DeepSeekMoE's token movement (kernels.hpp, "DeepSeekMoE token movement"). R = N*K rows.
-struct GatherRowsArgs {
-  const float* x;             // (N, C)
-  const std::int32_t* token;  // (R) the token of each row, in [0, N)
-  float* out;                 // (R, C)
-  Index n, rows, c;           ///< N tokens, R rows, C columns
-};
+/// DeepSeekMoE's token movement (kernels.hpp, "DeepSeekMoE token movement"); gather_rows
+/// is EmbeddingForwardArgs' gather. R = N*K rows.
 
 struct MoeCombineForwardArgs {
   const float* y;           // (R, C) the experts' outputs, rows sorted by expert

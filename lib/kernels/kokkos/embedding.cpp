@@ -11,13 +11,14 @@ namespace {
 /// Throws unless every token id is in [0, v): a bad id would read or write outside wte.
 template <class ExecSpace>
 void check_tokens(const ExecSpace& space, const char* kernel,
-                  const Vector<ExecSpace, const std::int32_t>& tokens, const Index v) {
+                  const Vector<ExecSpace, const std::int32_t>& tokens, const Index v,
+                  const char* table = "the vocabulary") {
   const std::string op = std::string("dst::kernels::") + kernel;
   const Index bad = first_bad_id(space, op + "::check_tokens", tokens, v, false, 0);
   if (bad < 0) return;
   const std::int32_t id = id_at(space, op + "::read_bad_token", tokens, bad);
   throw Error(std::string("kernels::") + kernel + ": token id " + std::to_string(id) +
-              " at position " + std::to_string(bad) + " is outside the vocabulary [0, " +
+              " at position " + std::to_string(bad) + " is outside " + table + " [0, " +
               std::to_string(v) + ")");
 }
 
@@ -25,8 +26,9 @@ template <class T, class ExecSpace>
 void embedding_forward(const ExecSpace& space,
                        const Vector<ExecSpace, const std::int32_t>& tokens,  // (N)
                        const Matrix<ExecSpace, const T>& wte,                // (V, C)
-                       const Matrix<ExecSpace, T>& out) {                    // (N, C)
-  check_tokens(space, "embedding_forward", tokens, static_cast<Index>(wte.extent(0)));
+                       const Matrix<ExecSpace, T>& out,                      // (N, C)
+                       const char* kernel, const char* table) {
+  check_tokens(space, kernel, tokens, static_cast<Index>(wte.extent(0)), table);
   const Index c = static_cast<Index>(out.extent(1));
   Kokkos::parallel_for(
       "dst::kernels::embedding_forward::gather",
@@ -74,7 +76,7 @@ void run(const kernels::detail::EmbeddingForwardArgs& a) {
   using namespace detail;
   embedding_forward<float>(Space(), Vector<Space, const std::int32_t>(a.tokens, a.n),
                            Matrix<Space, const float>(a.wte, a.v, a.c),
-                           Matrix<Space, float>(a.out, a.n, a.c));
+                           Matrix<Space, float>(a.out, a.n, a.c), a.kernel, a.table);
 }
 
 void run(const kernels::detail::EmbeddingBackwardArgs& a) {

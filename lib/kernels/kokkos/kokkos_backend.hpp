@@ -43,7 +43,6 @@ void run(const kernels::detail::SumOfSquaresIntoArgs& a);
 void run(const kernels::detail::FirstNonfiniteArgs& a);
 void run(const kernels::detail::FirstNonfiniteMinArgs& a);
 void run(const kernels::detail::AdamwArgs& a);
-void run(const kernels::detail::GatherRowsArgs& a);
 void run(const kernels::detail::GatherRowsBackwardArgs& a);
 void run(const kernels::detail::MoeCombineForwardArgs& a);
 void run(const kernels::detail::MoeCombineBackwardArgs& a);

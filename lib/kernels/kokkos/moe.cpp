@@ -1,5 +1,5 @@
-// DeepSeekMoE's token movement: the gather of token rows into the grouped expert products'
-// row order, its transpose, and the weighted combine with its backward. Every output
+// DeepSeekMoE's token movement: the transpose of the gather of token rows (the gather is
+// the embedding's, embedding.cpp), and the weighted combine with its backward. Every output
 // element is owned by one work item and summed in slot order: deterministic, no atomics.
 #include "kernels/kokkos/detail/common.hpp"
 #include "kernels/kokkos/kokkos_backend.hpp"
@@ -7,21 +7,6 @@
 namespace dst::kernels::kokkos_backend {
 namespace detail {
 namespace {
-
-template <class ExecSpace>
-void gather_rows(const ExecSpace& space, const Matrix<ExecSpace, const float>& x,  // (N, C)
-                 const Vector<ExecSpace, const std::int32_t>& token,               // (R)
-                 const Matrix<ExecSpace, float>& out) {                            // (R, C)
-  const Index c = static_cast<Index>(out.extent(1));
-  Kokkos::parallel_for(
-      "dst::kernels::gather_rows::rows",
-      Range<ExecSpace>(space, 0, static_cast<Index>(out.extent(0))), KOKKOS_LAMBDA(const Index r) {
-        const float* src = &x(token(r), 0);
-        float* dst = &out(r, 0);
-        for (Index j = 0; j < c; ++j)
-          dst[j] = src[j];
-      });
-}
 
 /// out[n, :] += sum_k w[n, k] y[row[n, k], :], slots in order; w = 1 without weights (the
 /// transpose of gather_rows: 1 * y is y, the same bits as a plain sum).
@@ -81,13 +66,6 @@ void moe_combine_backward(const ExecSpace& space,
 }  // namespace detail
 
 using Space = Kokkos::DefaultExecutionSpace;
-
-void run(const kernels::detail::GatherRowsArgs& a) {
-  using namespace detail;
-  gather_rows(Space(), Matrix<Space, const float>(a.x, a.n, a.c),
-              Vector<Space, const std::int32_t>(a.token, a.rows),
-              Matrix<Space, float>(a.out, a.rows, a.c));
-}
 
 void run(const kernels::detail::GatherRowsBackwardArgs& a) {
   using namespace detail;

@@ -59,6 +59,22 @@ TEST(MoeKernels, GatherRowsCopiesEachRowsToken) {
           << "row " << p << " column " << j;
 }
 
+// gather_rows is the embedding's checked gather: a token outside x's rows is named with its
+// position, and nothing is written.
+TEST(MoeKernels, GatherRowsRefusesATokenOutsideTheRows) {
+  const std::int64_t n = 3, c = 4;
+  auto x = random_vec(static_cast<std::size_t>(n * c), 1);
+  std::vector<std::int32_t> token{0, 2, 3, 1};
+  std::vector<float> out(static_cast<std::size_t>(4 * c), -1.0f);
+  expect_error(
+      [&] {
+        gather_rows(kokkos_ctx(), view(x, {n, c}), view(token, {4}), view(out, {4, c}));
+      },
+      {"kernels::gather_rows: token id 3 at position 2 is outside the rows of x [0, 3)"});
+  for (const float v : out)
+    EXPECT_EQ(v, -1.0f);
+}
+
 TEST(MoeKernels, GatherRowsBackwardIsTheTransposeAndAccumulates) {
   const std::int64_t n = 9, k = 2, c = 10;
   Routing r = make_routing(n, k, 5);
