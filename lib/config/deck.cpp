@@ -443,6 +443,45 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
     refuse("parallel.backend", "parallel.backend nccl");
 }
 
+/// parallel.tensor: what it must divide, and what tensor parallelism does not support yet.
+void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
+  const auto s = [](auto v) { return std::to_string(v); };
+  const std::int64_t T = c.parallel.tensor;
+  if (T == 1) return;
+  const ModelSection& m = c.model;
+  const auto divides = [&](const char* key, std::int64_t value, const char* what) {
+    if (value % T != 0)
+      fail_combination(given, fallback, {"parallel.tensor", key},
+                       "parallel.tensor (" + s(T) + ") does not divide " + key + " (" + s(value) +
+                           "): each rank of a tensor group holds the same share of the " + what);
+  };
+  const auto refuse = [&](const char* key, const std::string& what) {
+    fail_combination(given, fallback, {key, "parallel.tensor"},
+                     what + " is not supported yet with parallel.tensor " + s(T) +
+                         " (tensor parallelism is built for the dense decoder on host memory); "
+                         "set parallel.tensor: 1");
+  };
+  if (m.mla()) refuse("model.kv_lora_rank", "latent attention (model.kv_lora_rank > 0)");
+  if (m.n_routed_experts > 0)
+    refuse("model.n_routed_experts",
+           "a DeepSeekMoE model (model.n_routed_experts " + s(m.n_routed_experts) + ")");
+  if (m.mtp_depth > 0)
+    refuse("model.mtp_depth",
+           "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
+  if (m.tie_embeddings) refuse("model.tie_embeddings", "model.tie_embeddings");
+  if (c.kernels.backend == KernelsBackend::cuda)
+    refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
+  if (c.parallel.backend == ParallelBackend::nccl)
+    refuse("parallel.backend", "parallel.backend nccl");
+  if (m.mla() || m.n_routed_experts > 0) return;
+  divides("model.n_heads", m.n_heads, "attention heads");
+  // Key/value heads split like the query heads (each rank's query heads read its own key/
+  // value heads); replicating them when there are fewer than T is not built.
+  divides("model.n_kv_heads", m.n_kv_heads, "key/value heads (they are split, not replicated)");
+  divides("model.ffn_dim", m.ffn_dim, "MLP's hidden columns");
+  divides("model.vocab_size", m.vocab_size, "vocabulary (embedding and head rows)");
+}
+
 void check_combinations(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
   const auto s = [](auto v) { return std::to_string(v); };
   const ModelSection& m = c.model;
@@ -472,12 +511,7 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                      "data.seq_len (" + s(c.data.seq_len) + ") exceeds model.max_seq_len (" +
                          s(m.max_seq_len) + ")");
 
-  // Tensor parallelism is not implemented (issue 31): ranks given to it would only train
-  // as replicas of the data-parallel ones, and plans would be wrong.
-  if (c.parallel.tensor != 1)
-    fail_combination(given, fallback, {"parallel.tensor"},
-                     s(c.parallel.tensor) +
-                         " is not supported yet: tensor parallelism is not implemented (issue 31)");
+  check_tensor(c, given, fallback);
   check_pipeline(c, given, fallback);
 
   // Expert parallelism splits the routed experts: a dense model has none to split.
@@ -1071,18 +1105,21 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   const auto s = [](auto v) { return std::to_string(v); };
   const std::string world = "world size " + s(world_size);
   const ParallelSection& p = config.parallel;
-  // Tensor parallelism is refused by validate(): the world is data x pipeline ranks.
-  if (world_size % p.pipeline != 0)
-    throw DeckError("parallel.pipeline", world,
-                    "parallel.pipeline (" + s(p.pipeline) + ") does not divide the " + world +
-                        ": every stage needs the same number of data-parallel ranks");
-  const std::int64_t data = world_size / p.pipeline;
+  // The world is pipeline x data x tensor ranks (comm/process_groups.hpp).
+  const std::int64_t model_ranks = p.pipeline * p.tensor;
+  if (world_size % model_ranks != 0)
+    throw DeckError(p.tensor > 1 ? "parallel.tensor" : "parallel.pipeline", world,
+                    "parallel.pipeline x parallel.tensor (" + s(p.pipeline) + " x " + s(p.tensor) +
+                        ") does not divide the " + world +
+                        ": every stage and tensor slice needs the same number of data-parallel "
+                        "ranks");
+  const std::int64_t data = world_size / model_ranks;
   if (p.data != 0 && p.data != data)
     throw DeckError("parallel.data", world,
                     "parallel.data (" + s(p.data) +
-                        ") must be the world size / parallel.pipeline (" + s(world_size) + " / " +
-                        s(p.pipeline) + " = " + s(data) +
-                        ") or auto: every rank is a data-parallel rank of one pipeline stage");
+                        ") must be the world size / (parallel.pipeline x parallel.tensor) (" +
+                        s(world_size) + " / " + s(model_ranks) + " = " + s(data) +
+                        ") or auto: every rank is a data-parallel rank of one stage and slice");
 
   const TrainingSection& t = config.training;
   std::int64_t per_micro_step = 0;  // sequences per micro-step over all data ranks
@@ -1098,6 +1135,7 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   layout.world_size = world_size;
   layout.data = static_cast<int>(data);
   layout.pipeline = static_cast<int>(p.pipeline);
+  layout.tensor = static_cast<int>(p.tensor);
   layout.expert = static_cast<int>(p.expert);
   if (t.global_batch_size > 0) {
     if (t.global_batch_size % per_micro_step != 0)

@@ -211,7 +211,9 @@ struct TrainingSection {
 
 struct ParallelSection {
   std::int64_t data = 0;  ///< 0 = auto: the world size (every rank is a data rank)
-  /// Only 1 is accepted until tensor parallelism exists (issue 31): the deck refuses more.
+  /// Tensor parallelism (model/layers/tensor_parallel.hpp): each layer split over groups of
+  /// `tensor` consecutive ranks (Megatron-LM's layout); divides the heads, kv heads, ffn
+  /// dim and vocabulary. Dense decoder on host memory only (the deck refuses the rest).
   std::int64_t tensor = 1;
   /// Pipeline stages (train/pipeline_schedule.hpp, docs/performance.md "pipeline
   /// parallelism"): the blocks split into this many consecutive stages.
@@ -289,8 +291,7 @@ struct RunConfig {
   DebugSection debug;
 };
 
-/// The layout a config resolves to on a given world size: data x pipeline ranks (tensor is
-/// 1 until tensor parallelism exists; the deck refuses more).
+/// The layout a config resolves to on a given world size: pipeline x data x tensor ranks.
 struct Layout {
   int world_size = 1;
   int data = 1;

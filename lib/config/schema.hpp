@@ -374,14 +374,17 @@ void visit_parallel(V& v, S&... s) {
               .at_least(1)
               .at_most(kIntMax),
           s.data...);
-  // Accepted in the schema's range for the day it works; until then more than 1 is a deck
-  // error (check_combinations), so that extra ranks cannot train as silent replicas.
   v.field("parallel.tensor",
-          Spec("Tensor-parallel ranks. Not implemented yet (issue 31): more than 1 is a deck "
-               "error.")
+          Spec("Tensor-parallel ranks: every layer split over groups of this many consecutive "
+               "ranks (Megatron-LM's layout: attention by heads, the MLP by hidden columns, "
+               "embedding and head by vocabulary rows, a cross-entropy over the split "
+               "vocabulary; docs/performance.md, \"tensor parallelism\"). Divides "
+               "model.n_heads, n_kv_heads, ffn_dim and vocab_size. The world is pipeline x "
+               "data x tensor ranks. Dense decoder on host memory only for now: not with "
+               "latent attention, DeepSeekMoE, the MTP module, tied embeddings, kernels.backend "
+               "cuda or parallel.backend nccl.")
               .at_least(1)
-              .at_most(kIntMax)
-              .with_note("`1` (more is not supported yet)"),
+              .at_most(kIntMax),
           s.tensor...);
   v.field("parallel.pipeline",
           Spec("Pipeline-parallel stages: the blocks split into this many consecutive stages, "

@@ -67,7 +67,7 @@ struct DenseModel::Impl {
   double forward_s = 0.0, backward_s = 0.0;
   std::vector<float> host_losses;  // per-token losses of a device, copied to the host
 
-  explicit Impl(const config::ModelSection& m) : net(m) {}
+  Impl(const config::ModelSection& m, const TensorSlice& tp) : net(m, tp) {}
 
   void take_all() {
     const auto slots = static_cast<std::size_t>(stage.slots);
@@ -185,8 +185,9 @@ struct DenseModel::Impl {
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
                        bool deterministic, float* gradient_memory, float* param_memory,
-                       config::Recompute recompute, bool master_outside, const StageBlocks& stage)
-    : impl_(std::make_unique<Impl>(m)),
+                       config::Recompute recompute, bool master_outside, const StageBlocks& stage,
+                       const TensorSlice& tp)
+    : impl_(std::make_unique<Impl>(m, tp)),
       params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(stage), mode, ctx,
                                            gradient_memory, param_memory)),
       B_(batch),
@@ -481,6 +482,18 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
 
 void DenseModel::set_expert_parallel(ExpertParallel* ep) {
   impl_->c.experts = ep;
+}
+
+void DenseModel::set_tensor_parallel(TensorParallel* tp) {
+  const TensorSlice want = impl_->net.tensor_slice();
+  if (want.size > 1 && (tp == nullptr || tp->size() != want.size || tp->rank() != want.rank))
+    throw Error("model: built as tensor-parallel slice " + std::to_string(want.rank) + " of " +
+                std::to_string(want.size) + ", given another tensor group");
+  if (want.size > 1 && tensor::device_of(impl_->c.ctx) != tensor::Device::host)
+    throw Error(
+        "model: tensor parallelism needs the model in host memory (not built for "
+        "devices yet)");
+  impl_->c.tensor = tp;
 }
 
 std::vector<float> DenseModel::moe_bias() const {

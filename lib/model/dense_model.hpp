@@ -28,6 +28,7 @@
 namespace dst::model {
 
 class ExpertParallel;  // layers/moe_dispatch.hpp
+class TensorParallel;  // layers/tensor_parallel.hpp
 
 /// Bytes a model instance takes, by kind (from the layout pass).
 struct ModelMemory {
@@ -61,12 +62,14 @@ class DenseModel {
   /// with bf16/fp16): the fp32 master parameters are kept outside the model (each data
   /// rank's optimizer holds its shard of them), and the parameter buffer (params()) *is*
   /// the compute copy: no second parameter-sized buffer; refresh_compute_params() rounds
-  /// it in place. Nothing changes for f32.
+  /// it in place. Nothing changes for f32. `tp`: this rank's tensor-parallel slice of the
+  /// layers (layers/tensor_parallel.hpp); set_tensor_parallel() gives the group.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
              tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
              bool deterministic = true, float* gradient_memory = nullptr,
              float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none,
-             bool master_outside = false, const StageBlocks& stage = StageBlocks::whole());
+             bool master_outside = false, const StageBlocks& stage = StageBlocks::whole(),
+             const TensorSlice& tp = {});
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -169,6 +172,10 @@ class DenseModel {
   /// the expert group of `ep` (layers/moe_dispatch.hpp), every forward and backward then
   /// collective over it; nullptr: every expert on this rank (the default). Not owned.
   void set_expert_parallel(ExpertParallel* ep);
+  /// Tensor parallelism: the group whose ranks hold the other slices of a model built with
+  /// a TensorSlice (its rank and size must match); every forward and backward is then
+  /// collective over it. Not owned.
+  void set_tensor_parallel(TensorParallel* tp);
   // The MoE functions above count the multi-token prediction module's block, when it is an
   // MoE block, after the model's blocks.
 

@@ -1,5 +1,6 @@
 #include "model/param_store.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -23,6 +24,86 @@ std::string_view split_name(Split s) {
       return "vocab";
   }
   return "?";
+}
+
+namespace {
+/// The dimension a split slices: 0 (rows) for column and vocab, 1 (columns) for row.
+int split_dim(const ParamSpec& s) {
+  return s.split == Split::row ? 1 : 0;
+}
+
+/// Rows and columns of a 2-D slice, and the slice's offset along its split dimension.
+struct SliceGeometry {
+  std::uint64_t rows = 0, cols = 0;  ///< of the slice
+  std::uint64_t whole_cols = 0;      ///< of the logical tensor
+  std::uint64_t row0 = 0, col0 = 0;  ///< where the slice starts in it
+};
+
+SliceGeometry geometry(const ParamSpec& s) {
+  if (s.shape.rank != 2)
+    throw Error("model: tensor-parallel parameter " + s.name + " is not a matrix");
+  SliceGeometry g;
+  g.rows = static_cast<std::uint64_t>(s.shape.dims[0]);
+  g.cols = static_cast<std::uint64_t>(s.shape.dims[1]);
+  g.whole_cols = g.cols;
+  if (split_dim(s) == 0) {
+    g.row0 = g.rows * static_cast<std::uint64_t>(s.tp_rank);
+  } else {
+    g.col0 = g.cols * static_cast<std::uint64_t>(s.tp_rank);
+    g.whole_cols = g.cols * static_cast<std::uint64_t>(s.tp_size);
+  }
+  return g;
+}
+
+bool sliced(const ParamSpec& s) {
+  return s.tp_size > 1 && s.split != Split::replicated;
+}
+}  // namespace
+
+tensor::Shape logical_shape(const ParamSpec& s) {
+  tensor::Shape shape = s.shape;
+  if (sliced(s)) shape.dims[static_cast<std::size_t>(split_dim(s))] *= s.tp_size;
+  return shape;
+}
+
+std::uint64_t logical_index(const ParamSpec& s, std::uint64_t j) {
+  if (!sliced(s)) return j;
+  const SliceGeometry g = geometry(s);
+  return (g.row0 + j / g.cols) * g.whole_cols + g.col0 + j % g.cols;
+}
+
+void copy_slice_from_whole(const ParamSpec& s, const float* whole, float* slice) {
+  if (!sliced(s)) {
+    std::copy(whole, whole + s.shape.numel(), slice);
+    return;
+  }
+  const SliceGeometry g = geometry(s);
+  for (std::uint64_t r = 0; r < g.rows; ++r) {
+    const float* from = whole + (g.row0 + r) * g.whole_cols + g.col0;
+    std::copy(from, from + g.cols, slice + r * g.cols);
+  }
+}
+
+void copy_slice_to_whole(const ParamSpec& s, const float* slice, float* whole) {
+  if (!sliced(s)) {
+    std::copy(slice, slice + s.shape.numel(), whole);
+    return;
+  }
+  const SliceGeometry g = geometry(s);
+  for (std::uint64_t r = 0; r < g.rows; ++r)
+    std::copy(slice + r * g.cols, slice + (r + 1) * g.cols,
+              whole + (g.row0 + r) * g.whole_cols + g.col0);
+}
+
+void mark_tensor_slices(std::vector<ParamSpec>& specs, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw Error("model: tensor-parallel rank " + std::to_string(rank) + " of " +
+                std::to_string(size));
+  for (ParamSpec& s : specs) {
+    if (s.split == Split::replicated) continue;
+    s.tp_rank = rank;
+    s.tp_size = size;
+  }
 }
 
 namespace {
@@ -138,7 +219,7 @@ void ParamStore::initialize(const std::uint64_t seed, const unsigned threads) {
       const std::uint64_t stream = core::hash_name(s.name);
       core::parallel_slices(n, threads, kInitSlice, [&](std::uint64_t begin, std::uint64_t end) {
         for (std::uint64_t j = begin; j < end; ++j)
-          p[j] = s.std * core::normal(seed, stream, j);
+          p[j] = s.std * core::normal(seed, stream, logical_index(s, j));
       });
     }
     if (!on_host) tensor::copy(ctx_, params_data() + s.offset, p, n * sizeof(float));

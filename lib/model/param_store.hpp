@@ -29,8 +29,8 @@ enum class Init : std::uint8_t {
 };
 
 /// How a parameter splits across the ranks of a tensor-parallel group (Megatron-LM's
-/// scheme, Shoeybi et al. 2019). Each layer records it with its parameters; nothing
-/// splits by it yet.
+/// scheme, Shoeybi et al. 2019). Each layer records it with its parameters; with
+/// parallel.tensor = T > 1 each rank's layers declare their slice (ParamSpec::tp_size).
 enum class Split : std::uint8_t {
   replicated,  ///< every rank holds all of it (norm weights)
   column,      ///< (out, in) split by output rows: each rank computes a slice of the outputs
@@ -48,8 +48,24 @@ struct ParamSpec {
   float std = 0.0f;          ///< for Init::normal
   bool weight_decay = true;  ///< false for norms (AdamW skips them)
   std::size_t offset = 0;    ///< elements from the start of the flat buffer (64-byte aligned)
-  Split split = Split::replicated;  ///< how tensor parallelism would split it
+  Split split = Split::replicated;  ///< how tensor parallelism splits it
+  /// Tensor parallelism: `shape` is slice tp_rank of tp_size equal slices of the logical
+  /// tensor along the split's dimension (column, vocab: rows; row: columns); 1: whole.
+  int tp_rank = 0;
+  int tp_size = 1;
 };
+
+/// The logical (whole) shape of a parameter of which `s` may be a tensor-parallel slice.
+tensor::Shape logical_shape(const ParamSpec& s);
+/// The index in the logical tensor (row-major) of element j of the slice `s`.
+std::uint64_t logical_index(const ParamSpec& s, std::uint64_t j);
+/// Copies slice `s` (s.shape.numel() floats) out of the logical tensor `whole`.
+void copy_slice_from_whole(const ParamSpec& s, const float* whole, float* slice);
+/// Copies slice `s` into its place in the logical tensor `whole`.
+void copy_slice_to_whole(const ParamSpec& s, const float* slice, float* whole);
+/// Marks every split parameter of `specs` (declared by the layers as their slice) as slice
+/// `rank` of `size`. Throws dst::Error for a rank outside [0, size).
+void mark_tensor_slices(std::vector<ParamSpec>& specs, int rank, int size);
 
 /// Standard deviation of every weight matrix at initialisation (Llama/DeepSeek-LLM
 /// `initializer_range`); output projections (o_proj, down_proj) are further scaled by
@@ -105,8 +121,9 @@ class ParamStore {
 
   /// Deterministic initialisation: element j of tensor `name` is
   /// std * normal(seed, hash_name(name), j), so any rank, thread count or slice order
-  /// produces the same bits. Computed on the host (and copied to a device buffer), on
-  /// `threads` threads (0: every CPU the process may use, core::usable_cpus()).
+  /// produces the same bits (a tensor-parallel slice draws its elements' logical indices,
+  /// logical_index: the same values as the whole tensor's). Computed on the host (and copied to a
+  /// device buffer), on `threads` threads (0: every CPU the process may use, core::usable_cpus()).
   void initialize(std::uint64_t seed, unsigned threads = 0);
   /// Zeroes the gradient buffer.
   void zero_grads();

@@ -171,17 +171,26 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
 
   // The layout pass: the model's own constructor, in planning mode, takes every buffer
   // it would allocate for a micro-batch and allocates nothing.
+  // Tensor parallelism: slice 0 of the layers (every slice has the same shapes).
+  if (layout.tensor != c.parallel.tensor)
+    throw Error("plan: the layout has " + std::to_string(layout.tensor) +
+                " tensor-parallel ranks but the deck's parallel.tensor is " +
+                std::to_string(c.parallel.tensor));
+  const TensorSlice slice{0, layout.tensor};
   const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
-                         DType::f32, true, nullptr, nullptr, c.training.recompute);
-  if (model.params().parameter_count() != plan.params.total())
-    throw Error("plan: the model's layout has " + std::to_string(model.params().parameter_count()) +
+                         DType::f32, true, nullptr, nullptr, c.training.recompute, false,
+                         StageBlocks::whole(), slice);
+  std::int64_t logical = 0;
+  for (const ParamSpec& s : model.params().specs())
+    logical += logical_shape(s).numel();
+  if (logical != plan.params.total())
+    throw Error("plan: the model's layout has " + std::to_string(logical) +
                 " parameters but the closed form gives " + std::to_string(plan.params.total()));
 
   // Every rank holds the whole model for its forward and backward, or with pipeline
-  // stages its stage's layers (the heaviest stage plans the memory per rank): data-parallel
-  // ranks are replicas, and tensor parallelism, which would split it, is not implemented
-  // (the deck refuses it, issue 31). ZeRO divides what only the optimizer step reads by
-  // the data ranks.
+  // stages its stage's layers (the heaviest stage plans the memory per rank), or with
+  // tensor parallelism its slice of them: data-parallel ranks are replicas. ZeRO divides
+  // what only the optimizer step reads by the data ranks.
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
   const bool low_precision = c.training.precision != config::Precision::fp32;
   const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
@@ -248,7 +257,8 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       const std::int64_t in_flight = std::min<std::int64_t>(layout.pipeline - s, micro);
       const StageBlocks sb = stage_blocks(c, s, in_flight);
       const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
-                            DType::f32, true, nullptr, nullptr, c.training.recompute, false, sb);
+                            DType::f32, true, nullptr, nullptr, c.training.recompute, false, sb,
+                            slice);
       Plan::Stage st;
       st.first = sb.first;
       st.last = sb.last;
@@ -318,6 +328,32 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     plan.comm_bytes_per_step += bytes;
   }
 
+  // Tensor parallelism (layout.tensor = TP > 1): per micro-batch, one all-reduce of the
+  // (micro x seq_len, d_model) fp32 residual-stream tensor after each block's attention and
+  // MLP in forward and before each in backward, one after the embedding and one before the
+  // head's norm (training.recompute full: the blocks' forward again). Ring factor
+  // 2 (TP-1)/TP. A stage counts its own blocks (the heaviest's planned).
+  const std::int64_t TP = layout.tensor;
+  if (TP > 1) {
+    std::int64_t blocks = m.n_layers;
+    if (layout.pipeline > 1) {
+      blocks = 0;
+      for (const std::int64_t n : pipeline_stage_layers(c))
+        blocks = std::max(blocks, n);
+    }
+    const double per_block = c.training.recompute == config::Recompute::full ? 6.0 : 4.0;
+    const double calls = (per_block * static_cast<double>(blocks) + 2.0) *
+                         static_cast<double>(layout.grad_accum_steps);
+    const double buffer = static_cast<double>(c.training.micro_batch_size) *
+                          static_cast<double>(T) * static_cast<double>(m.d_model) * sizeof(float);
+    plan.tensor_allreduces_per_step = calls;
+    plan.tensor_bytes_per_step =
+        calls * 2.0 * static_cast<double>(TP - 1) / static_cast<double>(TP) * buffer;
+    plan.collectives.push_back({"all-reduce of the activations over the tensor group of " +
+                                    std::to_string(TP) + " (" + format_count(calls) + " per step)",
+                                buffer, plan.tensor_bytes_per_step});
+  }
+
   // The step's time on the host kind's rates: every executed FLOP at the matrix-product
   // rate (the attention and the element-wise kernels run slower on CPUs: the prediction
   // is a lower bound there), every collective's bytes at the bus bandwidth.
@@ -327,7 +363,8 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // per micro-batch and boundary: a middle stage has two boundaries) with the collectives.
   const double P = static_cast<double>(layout.pipeline);
   st.flops_per_rank = (plan.flops_per_token + plan.recompute_flops_per_token) *
-                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D) / P;
+                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D) / P /
+                      static_cast<double>(TP);
   const double gflops = low_precision ? rates.gemm_16bit_gflops : rates.gemm_fp32_gflops;
   st.compute_s = st.flops_per_rank / (gflops * 1e9) * (1.0 + plan.bubble_fraction);
   const double p2p_bytes = layout.pipeline > 1 ? 2.0 * (layout.pipeline > 2 ? 2.0 : 1.0) *
@@ -339,8 +376,9 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const bool across_nodes =
       static_cast<std::int64_t>(D) > rates.ranks_per_node && rates.inter_node_gbs > 0;
   const double gbs = across_nodes ? rates.inter_node_gbs : rates.intra_node_gbs;
+  // The tensor group's all-reduces stay inside a node (its ranks are neighbours).
   st.comm_s = (D > 1 ? plan.comm_bytes_per_step / (gbs * 1e9) : 0.0) +
-              p2p_bytes / (rates.intra_node_gbs * 1e9);
+              (p2p_bytes + plan.tensor_bytes_per_step) / (rates.intra_node_gbs * 1e9);
   return plan;
 }
 

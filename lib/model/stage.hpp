@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/run_config.hpp"
+#include "model/layers/tensor_parallel.hpp"
 #include "model/param_store.hpp"
 
 namespace dst::model {
@@ -36,7 +37,9 @@ struct StageBlocks {
 StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_t slots);
 
 /// The parameters stage `s` holds, in state-dict order, with the offsets of their own
-/// store (dense_parameter_layout for the whole model).
-std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s);
+/// store (dense_parameter_layout for the whole model); with a tensor-parallel slice `tp`,
+/// that rank's slices of them.
+std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s,
+                                              const TensorSlice& tp = {});
 
 }  // namespace dst::model

@@ -6,11 +6,15 @@
 
 namespace dst::model {
 
-Transformer::Transformer(const config::ModelSection& m)
-    : embedding_(m.vocab_size, m.d_model), head_(m) {
+Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp)
+    : tp_(tp), embedding_(m.vocab_size, m.d_model, tp.size), head_(m, tp.size) {
+  if (tp.size > 1 && (m.mla() || m.n_routed_experts > 0 || m.mtp_depth > 0 || m.tie_embeddings))
+    throw Error(
+        "model: tensor parallelism is built for the dense decoder with untied embeddings "
+        "only (no latent attention, DeepSeekMoE or multi-token prediction)");
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
-    blocks_.emplace_back(m, l);
+    blocks_.emplace_back(m, l, tp.size);
   if (m.mtp_depth > 0) mtp_.emplace(m);
 }
 
@@ -38,6 +42,7 @@ std::vector<ParamSpec> Transformer::parameter_layout(const StageBlocks& stage) c
     head_.declare(specs);
     if (mtp_) mtp_->declare(specs);
   }
+  mark_tensor_slices(specs, tp_.rank, tp_.size);
   return specs;
 }
 
@@ -72,8 +77,9 @@ StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_
   return s;
 }
 
-std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s) {
-  return Transformer(m).parameter_layout(s);
+std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s,
+                                              const TensorSlice& tp) {
+  return Transformer(m, tp).parameter_layout(s);
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #include "model/layers/head.hpp"
 #include "model/layers/layer.hpp"
 #include "model/layers/multi_token_prediction.hpp"
+#include "model/layers/tensor_parallel.hpp"
 #include "model/param_store.hpp"
 #include "model/stage.hpp"
 
@@ -26,7 +27,10 @@ namespace dst::model {
 
 class Transformer {
  public:
-  explicit Transformer(const config::ModelSection& m);
+  /// `tp`: this rank's tensor-parallel slice of the layers (tensor_parallel.hpp); the
+  /// layout then holds the slices' shapes. Throws dst::Error for a model kind tensor
+  /// parallelism is not built for.
+  explicit Transformer(const config::ModelSection& m, const TensorSlice& tp = {});
 
   /// Every layer's parameters in state-dict order (offsets are assigned by ParamStore).
   std::vector<ParamSpec> parameter_layout() const;
@@ -37,6 +41,8 @@ class Transformer {
   /// Resolves those of a stage's layers only (the others are not in its store).
   void bind(const ParamStore& params, const StageBlocks& stage);
 
+  /// This rank's tensor-parallel slice of the layers ({0, 1}: the whole layers).
+  const TensorSlice& tensor_slice() const { return tp_; }
   const Embedding& embedding() const { return embedding_; }
   const Block& block(std::int64_t l) const { return blocks_[static_cast<std::size_t>(l)]; }
   std::int64_t n_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
@@ -58,6 +64,7 @@ class Transformer {
                        const OnReady& ready) const;
 
  private:
+  TensorSlice tp_;
   Embedding embedding_;
   std::vector<Block> blocks_;
   Head head_;

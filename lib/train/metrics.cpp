@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -110,6 +111,10 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
     j["expert_rows_mean"] = s.expert_rows_mean;
     j["expert_rows_max_over_mean"] = s.expert_rows_max / s.expert_rows_mean;
   }
+  if (s.tensor_bytes > 0.0) {  // tensor parallelism
+    j["tensor_allreduce_ms"] = s.t_tensor * 1e3;
+    j["tensor_allreduce_bytes"] = s.tensor_bytes;
+  }
   j["eta_s"] = eta_s;
   write(j.dump());
   char scale[48] = "";
@@ -170,6 +175,10 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
     j["alltoall_ms"] = sum.t_alltoall / n * 1e3;
     j["alltoall_bytes"] = sum.alltoall_bytes / n;
   }
+  if (sum.tensor_bytes > 0.0) {  // tensor parallelism: inside forward and backward
+    j["tensor_allreduce_ms"] = sum.t_tensor / n * 1e3;
+    j["tensor_allreduce_bytes"] = sum.tensor_bytes / n;
+  }
   j["step_ms"] = sum.seconds / n * 1e3;
   j["work_ms_min"] = spread.min_s * 1e3;
   j["work_ms_max"] = spread.max_s * 1e3;
@@ -188,10 +197,13 @@ std::string MetricsLog::phases(std::int64_t step, const StepStats& sum, std::int
                   world_size, spread.min_s * 1e3, spread.max_s * 1e3, spread.slowest_rank,
                   spread.per_step.straggle_s * 1e3);
   }
-  char ep[96] = "";
+  char ep[160] = "";
   if (sum.alltoall_bytes > 0.0)
     std::snprintf(ep, sizeof ep, " | expert all-to-all %.1f (in forward+backward)",
                   sum.t_alltoall / n * 1e3);
+  if (sum.tensor_bytes > 0.0)
+    std::snprintf(ep + std::strlen(ep), sizeof ep - std::strlen(ep),
+                  " | tensor all-reduce %.1f (in forward+backward)", sum.t_tensor / n * 1e3);
   char line[480];
   std::snprintf(line, sizeof line,
                 "phases (ms/step, rank 0, last %lld steps): data %.1f | forward %.1f | backward "

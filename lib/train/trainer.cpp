@@ -98,6 +98,8 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   // per micro-batch 1F1B keeps in flight.
   stages_ = layout.pipeline;
   stage_ = groups.pipeline_rank;
+  tensor_ = layout.tensor;
+  const model::TensorSlice slice{groups.tensor_rank, tensor_};
   model::StageBlocks stage = model::StageBlocks::whole();
   if (stages_ > 1) {
     if (tensor::device_of(ctx_) != tensor::Device::host)
@@ -105,16 +107,26 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                   " needs the model in host memory (stages send host buffers over MPI)");
     slots_ = max_in_flight(stages_, stage_, layout.grad_accum_steps);
     stage = model::stage_blocks(config, stage_, slots_);
+  }
+  if (tensor_ > 1 && tensor::device_of(ctx_) != tensor::Device::host)
+    throw Error("trainer: parallel.tensor " + std::to_string(tensor_) +
+                " needs the model in host memory (the tensor group reduces host buffers over "
+                "MPI; not built for devices yet)");
+  if (stages_ > 1 || tensor_ > 1) {
+    // The whole model's layout and each stage's (whole tensors, not this rank's slices):
+    // what a checkpoint holds.
     full_layout_ = std::make_unique<model::ParamStore>(model::dense_parameter_layout(config.model),
                                                        tensor::Arena::Mode::plan);
     for (int s = 0; s < stages_; ++s)
-      stage_specs_.push_back(model::ParamStore(model::stage_parameter_layout(
-                                                   config.model, model::stage_blocks(config, s, 1)),
-                                               tensor::Arena::Mode::plan)
-                                 .specs());
+      stage_specs_.push_back(
+          model::ParamStore(model::stage_parameter_layout(
+                                config.model, stages_ > 1 ? model::stage_blocks(config, s, 1)
+                                                          : model::StageBlocks::whole()),
+                            tensor::Arena::Mode::plan)
+              .specs());
   }
   const std::size_t stage_elements =
-      model::flat_buffer_elements(model::stage_parameter_layout(config.model, stage));
+      model::flat_buffer_elements(model::stage_parameter_layout(config.model, stage, slice));
   const auto step = [&](const char* what, double timeout_s) {
     return options.watchdog
                ? std::make_unique<runtime::StartupStep>(*options.watchdog, what, timeout_s)
@@ -174,7 +186,12 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       storage_type(config.training.precision), config.debug.deterministic,
       shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
       shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_,
-      stage);
+      stage, slice);
+  // Tensor parallelism: every forward and backward reduces over the tensor group.
+  if (tensor_ > 1) {
+    tensor_parallel_ = std::make_unique<model::TensorParallel>(*groups.tensor);
+    model_->set_tensor_parallel(tensor_parallel_.get());
+  }
   // Expert parallelism: the MoE layers' routed experts split over the expert group.
   if (layout.expert > 1 && model_->moe_blocks() > 0) {
     experts_ = std::make_unique<model::ExpertParallel>(*groups.expert);
@@ -286,7 +303,7 @@ void Trainer::gather_master(float* whole) const {
 }
 
 std::vector<float> Trainer::master_parameters() const {
-  if (stages_ > 1) {
+  if (stages_ > 1 || tensor_ > 1) {
     std::vector<float> whole(full_layout_->buffer_elements(), 0.0f);
     for (const ckpt::TensorRef& t : whole_state_tensors(true)) {
       if (t.name.rfind("params/", 0) != 0) continue;
@@ -378,6 +395,7 @@ StepStats Trainer::step() {
   std::int64_t valid = 0;
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
   if (experts_) experts_->reset_traffic();
+  if (tensor_parallel_) tensor_parallel_->reset_traffic();
   if (stages_ > 1) pipeline_micro_batches(backward_scale, on_ready, loss_sum, valid, st);
   for (std::size_t m = 0; stages_ == 1 && m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
@@ -397,6 +415,10 @@ StepStats Trainer::step() {
   }
   const double p2p_s = st.t_comm;  // the pipeline's exposed sends and receives
   st.t_comm = buckets.wait_all() + p2p_s;
+  if (tensor_parallel_) {
+    st.t_tensor = tensor_parallel_->traffic().seconds;
+    st.tensor_bytes = static_cast<double>(tensor_parallel_->traffic().bytes);
+  }
   if (experts_) {
     const model::ExpertTraffic& tr = experts_->traffic();
     st.t_alltoall = tr.seconds;
@@ -417,6 +439,9 @@ StepStats Trainer::step() {
   groups_.data->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
   // Stages: the loss is the last stage's (the others add +0, exact), the flags everyone's.
   if (stages_ > 1) groups_.pipeline->allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+  // Tensor slices: the loss is the same on each (the cross-entropy is over the group), the
+  // flags are each rank's own (a slice's gradient may overflow alone).
+  if (tensor_ > 1) groups_.tensor->allreduce(sums + 2, 2, DType::f64, comm::ReduceOp::sum);
   st.mtp = model_->has_mtp();
   st.mtp_loss = mtp_tokens > 0.0 ? sums[4] / mtp_tokens : 0.0;
   st.stop_ranks = static_cast<int>(sums[3]);
@@ -435,6 +460,19 @@ StepStats Trainer::step() {
       shared_update_ ? norm_.compute_shared(ctx_, ps, *groups_.data)
       : zero_mpi     ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_, *groups_.data)
                      : norm_.compute(ctx_, ps);
+  std::vector<double> per_tensor = norm_.per_tensor();
+  if (tensor_ > 1) {
+    // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
+    // equal): one all-reduce over the tensor group, in the store's order.
+    for (std::size_t i = 0; i < per_tensor.size(); ++i)
+      if (ps.spec(i).split == model::Split::replicated && groups_.tensor_rank != 0)
+        per_tensor[i] = 0.0;
+    groups_.tensor->allreduce(per_tensor.data(), per_tensor.size(), DType::f64,
+                              comm::ReduceOp::sum);
+    sum_of_squares = 0.0;
+    for (const double v : per_tensor)
+      sum_of_squares += v;
+  }
   if (stages_ > 1) {
     // Every stage's per-tensor sums (one all-gather over the pipeline group), added in the
     // whole model's order, which is the stages' in turn: a one-stage run's bits.
@@ -445,8 +483,7 @@ StepStats Trainer::step() {
     std::size_t at = 0;
     for (int s = 0; s < stage_; ++s)
       at += counts[static_cast<std::size_t>(s)];
-    std::copy(norm_.per_tensor().begin(), norm_.per_tensor().end(),
-              all.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(per_tensor.begin(), per_tensor.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
     groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
     sum_of_squares = 0.0;
     for (const double v : all)
@@ -472,7 +509,7 @@ StepStats Trainer::step() {
        << " of " << layout_.data << " data ranks had a non-finite gradient): step skipped, loss "
        << "scale " << before << " -> " << scaler_.scale();
     if (groups_.world->rank() == 0) log::warn(os.str());
-  } else if (nonfinite && stages_ > 1) {
+  } else if (nonfinite && (stages_ > 1 || tensor_ > 1)) {
     const std::string where = name_nonfinite_across_stages(buckets);
     std::ostringstream os;
     os << "non-finite gradients at step " << step_ << ": " << where;
@@ -694,15 +731,31 @@ std::vector<ckpt::TensorRef> Trainer::whole_state_tensors(bool gather) const {
   pp_state_.assign(total, 0.0f);
   if (gather) {
     // This stage's part from its own tensors (ZeRO moments gathered whole, a device's
-    // copied: state_tensors), then every stage's part on every rank.
+    // copied: state_tensors; tensor slices gathered whole), then every stage's part on
+    // every rank.
     float* at = pp_state_.data() + starts[static_cast<std::size_t>(stage_)];
-    for (const ckpt::TensorRef& t : state_tensors(true)) {
-      std::size_t n = 1;
-      for (const std::int64_t d : t.shape)
-        n *= static_cast<std::size_t>(d);
-      at = std::copy(t.data, t.data + n, at);
+    const auto& ps = model_->params();
+    const std::vector<ckpt::TensorRef> own = state_tensors(true);
+    std::vector<float> slices;
+    for (std::size_t k = 0; k < own.size(); ++k) {
+      const model::ParamSpec& spec = ps.spec(k % ps.size());  // params, then m, then v
+      const auto n = static_cast<std::size_t>(spec.shape.numel());
+      if (tensor_ == 1 || spec.split == model::Split::replicated) {
+        at = std::copy(own[k].data, own[k].data + n, at);
+        continue;
+      }
+      // The tensor's slices from every rank of the tensor group, placed in the whole.
+      slices.resize(n * static_cast<std::size_t>(tensor_));
+      groups_.tensor->allgather(own[k].data, slices.data(), n, DType::f32);
+      for (int r = 0; r < tensor_; ++r) {
+        model::ParamSpec slice = spec;
+        slice.tp_rank = r;
+        model::copy_slice_to_whole(slice, slices.data() + static_cast<std::size_t>(r) * n, at);
+      }
+      at += n * static_cast<std::size_t>(tensor_);
     }
-    groups_.pipeline->iallgather_blocks(pp_state_.data(), counts, DType::f32).wait();
+    if (stages_ > 1)
+      groups_.pipeline->iallgather_blocks(pp_state_.data(), counts, DType::f32).wait();
   }
   // Views in the order of a one-stage checkpoint: every parameter in state-dict order
   // (the stages' in turn), then the first moments, then the second.
@@ -739,12 +792,18 @@ std::string Trainer::name_nonfinite_across_stages(const GradBuckets& buckets) {
       const auto offset = static_cast<std::size_t>(buckets.first_nonfinite_offset());
       const std::size_t i = tensor_at(ps, offset);
       where[0] = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
-      where[1] = static_cast<std::int64_t>(offset - ps.spec(i).offset);
+      // (A tensor slice's element by its index in the whole tensor.)
+      where[1] =
+          static_cast<std::int64_t>(model::logical_index(ps.spec(i), offset - ps.spec(i).offset));
     }
     world.allreduce(where, 2, DType::i64, comm::ReduceOp::max);
-    os << "first on rank " << first << " (pipeline stage "
-       << comm::rank_coords(static_cast<int>(first), layout_).pipeline << "), tensor "
-       << full_layout_->spec(static_cast<std::size_t>(where[0])).name << "[" << where[1] << "]";
+    const comm::RankCoords at = comm::rank_coords(static_cast<int>(first), layout_);
+    os << "first on rank " << first << " ("
+       << (stages_ > 1 ? "pipeline stage " + std::to_string(at.pipeline) : std::string())
+       << (stages_ > 1 && tensor_ > 1 ? ", " : "")
+       << (tensor_ > 1 ? "tensor slice " + std::to_string(at.tensor) : std::string())
+       << "), tensor " << full_layout_->spec(static_cast<std::size_t>(where[0])).name << "["
+       << where[1] << "]";
   } else {
     // The sums overflowed: each stage scans its own (ZeRO: its shard), the lowest tensor
     // of the whole model over every rank.
@@ -852,9 +911,9 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
 }
 
 std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
-  // Stages: every stage's tensors on every rank (the checkpoint holds the whole model,
-  // written by all ranks together: it resumes at any layout).
-  return stages_ > 1 ? whole_state_tensors(true) : state_tensors(true);
+  // Stages and tensor slices: every stage's whole tensors on every rank (the checkpoint
+  // holds the whole model, written by all ranks together: it resumes at any layout).
+  return stages_ > 1 || tensor_ > 1 ? whole_state_tensors(true) : state_tensors(true);
 }
 
 std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device) const {
@@ -949,9 +1008,10 @@ void Trainer::restore(ckpt::Reader& reader) {
   // The buffers to read into: on a device, the host copies, which the reads fill whole
   // (a mismatch throws before any read), so the device's state is not copied down first.
   const auto own = state_tensors(false);
-  // Stages: every rank reads the whole model (the reads are collective), then keeps its
-  // stage's part.
-  const auto wanted = stages_ > 1 ? whole_state_tensors(false) : own;
+  // Stages and tensor slices: every rank reads the whole model (the reads are
+  // collective), then keeps its stage's part, its slices of it.
+  const bool whole = stages_ > 1 || tensor_ > 1;
+  const auto wanted = whole ? whole_state_tensors(false) : own;
   // Every difference at once, so a wrong deck is diagnosed in one attempt.
   std::vector<std::string> problems;
   const auto shape_text = [](const std::vector<std::int64_t>& s) {
@@ -984,16 +1044,15 @@ void Trainer::restore(ckpt::Reader& reader) {
   }
   for (const auto& w : wanted)
     reader.read(w.name, w.shape, const_cast<float*>(w.data));
-  if (stages_ > 1) {
-    // This stage's tensors: the same names, in the same order within each prefix.
+  if (whole) {
+    // This stage's tensors: the same names, in the same order within each prefix; this
+    // rank's slice of each.
+    const auto& ps = model_->params();
     std::size_t k = 0;
     for (const auto& w : wanted) {
       if (k == own.size()) break;
       if (w.name != own[k].name) continue;
-      std::size_t n = 1;
-      for (const std::int64_t d : w.shape)
-        n *= static_cast<std::size_t>(d);
-      std::copy(w.data, w.data + n, const_cast<float*>(own[k].data));
+      model::copy_slice_from_whole(ps.spec(k % ps.size()), w.data, const_cast<float*>(own[k].data));
       ++k;
     }
     if (k != own.size())
@@ -1099,8 +1158,10 @@ void Trainer::check_consistency() {
     }
     mine[i] = fingerprint(p, static_cast<std::size_t>(t.numel()));
   }
-  // Stages hold different tensors: the replicas of a stage are its data group.
-  comm::Communicator& group = stages_ > 1 ? *groups_.data : *groups_.world;
+  // Stages and tensor slices hold different tensors: the replicas of a stage's slice are
+  // its data group.
+  const bool split = stages_ > 1 || tensor_ > 1;
+  comm::Communicator& group = split ? *groups_.data : *groups_.world;
   const int n = group.size();
   std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
   group.allgather(mine.data(), all.data(), P, DType::u64);
@@ -1113,8 +1174,8 @@ void Trainer::check_consistency() {
     if (!differ.empty()) bad = i;
   }
   std::string name = bad < P ? ps.spec(bad).name : std::string();
-  int stage = stage_;
-  if (stages_ > 1) {
+  int stage = stage_, slice = groups_.tensor_rank;
+  if (split) {
     // Every rank must stop alike, also the stages whose replicas agree: the lowest tensor
     // of the whole model that differs, and its stage's differing data ranks (one
     // all-reduce each over every rank).
@@ -1123,25 +1184,34 @@ void Trainer::check_consistency() {
     groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
     if (first == kNone) return;
     name = full_layout_->spec(static_cast<std::size_t>(first)).name;
-    std::vector<std::int64_t> ranks(static_cast<std::size_t>(n) + 1, 0);
-    if (bad < P && name == ps.spec(bad).name) {
+    // (The lowest tensor slice whose replicas differ there: ranks[1] holds minus its rank.)
+    std::vector<std::int64_t> ranks(static_cast<std::size_t>(n) + 2, 0);
+    ranks[1] = -std::numeric_limits<std::int64_t>::max();
+    const bool holds = bad < P && name == ps.spec(bad).name;
+    if (holds) {
       ranks[0] = stage_;
-      for (const int r : differ)
-        ranks[static_cast<std::size_t>(r) + 1] = 1;
+      ranks[1] = -groups_.tensor_rank;
     }
-    groups_.world->allreduce(ranks.data(), ranks.size(), DType::i64, comm::ReduceOp::max);
+    groups_.world->allreduce(ranks.data(), 2, DType::i64, comm::ReduceOp::max);
+    if (holds && ranks[0] == stage_ && -ranks[1] == groups_.tensor_rank)
+      for (const int r : differ)
+        ranks[static_cast<std::size_t>(r) + 2] = 1;
+    groups_.world->allreduce(ranks.data() + 2, static_cast<std::size_t>(n), DType::i64,
+                             comm::ReduceOp::max);
     stage = static_cast<int>(ranks[0]);
+    slice = static_cast<int>(-ranks[1]);
     differ.clear();
     for (int r = 1; r < n; ++r)
-      if (ranks[static_cast<std::size_t>(r) + 1] != 0) differ.push_back(r);
+      if (ranks[static_cast<std::size_t>(r) + 2] != 0) differ.push_back(r);
   } else if (bad == P) {
     return;
   }
   const auto world_rank = [&](int r) {
-    if (stages_ == 1) return r;
+    if (!split) return r;
     comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
     c.data = r;
     c.pipeline = stage;
+    c.tensor = slice;
     return comm::world_rank_of(c, layout_);
   };
   std::ostringstream os;

@@ -21,6 +21,7 @@
 #include "config/run_config.hpp"
 #include "model/dense_model.hpp"
 #include "model/layers/moe_dispatch.hpp"
+#include "model/layers/tensor_parallel.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/startup_watchdog.hpp"
 #include "tensor/context.hpp"
@@ -73,6 +74,11 @@ struct StepStats {
   double t_alltoall = 0.0;
   double alltoall_bytes = 0.0;
   double expert_rows_max = 0.0, expert_rows_mean = 0.0;
+  /// Tensor parallelism (parallel.tensor > 1; 0 otherwise): this rank's time in the layers'
+  /// all-reduces over the tensor group (part of t_forward and t_backward), and the bytes
+  /// they reduced.
+  double t_tensor = 0.0;
+  double tensor_bytes = 0.0;
 };
 
 /// Step by step, how far the ranks' work (data + forward + backward) lay apart, and how
@@ -226,6 +232,9 @@ class Trainer {
   std::unique_ptr<model::DenseModel> model_;
   /// parallel.expert > 1 with an MoE model: the expert group the MoE layers dispatch over.
   std::unique_ptr<model::ExpertParallel> experts_;
+  /// parallel.tensor > 1: this rank's tensor group, which the layers reduce over.
+  int tensor_ = 1;
+  std::unique_ptr<model::TensorParallel> tensor_parallel_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSource> batches_;
   GradNorm norm_;

@@ -271,6 +271,8 @@ void TrainingRun::after_step(const StepStats& st, std::int64_t done) {
   phase_sum_.t_optimizer += st.t_optimizer;
   phase_sum_.t_alltoall += st.t_alltoall;
   phase_sum_.alltoall_bytes += st.alltoall_bytes;
+  phase_sum_.t_tensor += st.t_tensor;
+  phase_sum_.tensor_bytes += st.tensor_bytes;
   phase_sum_.seconds += st.seconds;
   ++phase_steps_;
   step_work_.push_back(st.t_data + st.t_forward + st.t_backward);

@@ -138,11 +138,11 @@ Rope Rope::rows(std::int64_t first, std::int64_t n) const {
 // --- the layer ---------------------------------------------------------------------------
 
 Attention::Attention(std::string prefix, std::int64_t dim, std::int64_t heads,
-                     std::int64_t kv_heads, float out_std)
+                     std::int64_t kv_heads, float out_std, int tensor_parallel)
     : prefix_(std::move(prefix)),
       C_(dim),
-      H_(heads),
-      KV_(kv_heads),
+      H_(heads / tensor_parallel),
+      KV_(kv_heads / tensor_parallel),
       D_(dim / heads),
       out_std_(out_std),
       scale_(1.0f / std::sqrt(static_cast<float>(dim / heads))) {}
@@ -224,6 +224,7 @@ void Attention::forward(const Compute& c, const Rope& rope, std::int64_t B, std:
     unfused_forward(c, B, T, a);
   c.store(a.attn);
   blas::linear_forward(c.ctx, a.attn, c.weight(o_), out);
+  c.reduce_partial(out);  // tensor parallelism: this rank's heads' share of the output
 }
 
 void Attention::unfused_forward(const Compute& c, std::int64_t B, std::int64_t T,
@@ -303,6 +304,7 @@ void Attention::backward(const Compute& c, const Rope& rope, std::int64_t B, std
   blas::linear_backward(c.ctx, s.d_q, x, c.weight(q_), dx, c.grad(q_));
   blas::linear_backward(c.ctx, s.d_k, x, c.weight(k_), dx, c.grad(k_), true);
   blas::linear_backward(c.ctx, s.d_v, x, c.weight(v_), dx, c.grad(v_), true);
+  c.reduce_partial(dx);  // tensor parallelism: this rank's heads' share of the gradient
 }
 
 void Attention::unfused_backward(const Compute& c, std::int64_t B, std::int64_t T,

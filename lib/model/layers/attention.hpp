@@ -75,11 +75,13 @@ class Attention {
  public:
   /// `prefix`: the parameter names' ("model.layers.0.self_attn."); `dim` = heads x head
   /// dim. `out_std`: o_proj's initial standard deviation (the residual-scaled kInitStd).
+  /// `tensor_parallel` T: this rank computes H/T query and KV/T key/value heads, its slice
+  /// (tensor_parallel.hpp); T divides both (the deck checks it).
   Attention(std::string prefix, std::int64_t dim, std::int64_t heads, std::int64_t kv_heads,
-            float out_std);
+            float out_std, int tensor_parallel = 1);
 
   /// q_proj (H*D, dim), k_proj and v_proj (KV*D, dim) split by columns (heads), o_proj
-  /// (dim, H*D) by rows.
+  /// (dim, H*D) by rows (with tensor parallelism, this rank's slices of them).
   void declare(std::vector<ParamSpec>& specs) const;
   void bind(const ParamStore& params);
   std::size_t first_param() const { return q_; }

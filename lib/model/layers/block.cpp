@@ -21,14 +21,14 @@ float residual_std(const config::ModelSection& m) {
 }
 }  // namespace
 
-Block::Block(const config::ModelSection& m, std::int64_t layer)
+Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel)
     : norm1_(layer_prefix(layer) + "input_layernorm.weight", m.d_model,
              static_cast<float>(m.norm_eps)),
-      attn_(layer_prefix(layer) + "self_attn.", m.d_model, m.n_heads, m.n_kv_heads,
-            residual_std(m)),
+      attn_(layer_prefix(layer) + "self_attn.", m.d_model, m.n_heads, m.n_kv_heads, residual_std(m),
+            tensor_parallel),
       norm2_(layer_prefix(layer) + "post_attention_layernorm.weight", m.d_model,
              static_cast<float>(m.norm_eps)),
-      mlp_(layer_prefix(layer) + "mlp.", m.d_model, m.ffn_dim, residual_std(m)),
+      mlp_(layer_prefix(layer) + "mlp.", m.d_model, m.ffn_dim, residual_std(m), tensor_parallel),
       model_dense_mlp_(m.n_routed_experts == 0 || m.first_k_dense_replace > 0),
       C_(m.d_model) {
   if (m.mla()) mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m));

@@ -49,7 +49,9 @@ struct BlockScratch {
 class Block {
  public:
   /// Block `layer` (0-based) of the model `m`: its parameters are "model.layers.<layer>.*".
-  Block(const config::ModelSection& m, std::int64_t layer);
+  /// `tensor_parallel` T > 1: this rank's slice of its attention and MLP (dense blocks
+  /// only; tensor_parallel.hpp).
+  Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel = 1);
 
   /// input_layernorm, self_attn.{q,k,v,o}_proj (or latent attention's, LatentAttention::
   /// declare), post_attention_layernorm, mlp.{gate,up,down}_proj (or DeepSeekMoE's,

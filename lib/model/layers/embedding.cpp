@@ -1,6 +1,10 @@
 #include "model/layers/embedding.hpp"
 
+#include <string>
+
+#include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
@@ -8,10 +12,11 @@ namespace {
 constexpr const char* kTableName = "model.embed_tokens.weight";
 }  // namespace
 
-Embedding::Embedding(std::int64_t vocab, std::int64_t dim) : vocab_(vocab), dim_(dim) {}
+Embedding::Embedding(std::int64_t vocab, std::int64_t dim, int tensor_parallel)
+    : vocab_(vocab), dim_(dim), tp_(tensor_parallel) {}
 
 void Embedding::declare(std::vector<ParamSpec>& specs) const {
-  add_param(specs, kTableName, {vocab_, dim_}, Init::normal, kInitStd, true, Split::vocab);
+  add_param(specs, kTableName, {vocab_ / tp_, dim_}, Init::normal, kInitStd, true, Split::vocab);
 }
 
 void Embedding::bind(const ParamStore& params) {
@@ -21,11 +26,32 @@ void Embedding::bind(const ParamStore& params) {
 void Embedding::forward(const Compute& c, const tensor::Tensor& tokens,
                         const tensor::Tensor& out) const {
   // Not stored: the rows are the (already rounded) weights themselves.
+  if (tp_ > 1) {
+    const tensor::Tensor w = c.weight(table_);
+    const VocabSlice s = slice(c);
+    c.tensor->counted(out.bytes(), [&] {
+      vocab_parallel_embedding_forward(c.tensor->group(), s, tokens.ptr<std::int32_t>(),
+                                       tokens.numel(), w.ptr<float>(), dim_, out.ptr<float>());
+    });
+    return;
+  }
   kernels::embedding_forward(c.ctx, tokens, c.weight(table_), out);
+}
+
+VocabSlice Embedding::slice(const Compute& c) const {
+  if (c.tensor == nullptr || c.tensor->size() != tp_)
+    throw Error("model: the embedding was built for " + std::to_string(tp_) +
+                " tensor-parallel slices but computes without that tensor group");
+  return VocabSlice::of(vocab_, c.tensor->rank(), tp_);
 }
 
 void Embedding::backward(const Compute& c, const tensor::Tensor& tokens,
                          const tensor::Tensor& dout) const {
+  if (tp_ > 1) {
+    vocab_parallel_embedding_backward(slice(c), tokens.ptr<std::int32_t>(), tokens.numel(),
+                                      dout.ptr<float>(), dim_, c.grad(table_).ptr<float>());
+    return;
+  }
   kernels::embedding_backward(c.ctx, tokens, dout, c.grad(table_));
 }
 

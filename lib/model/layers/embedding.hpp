@@ -7,12 +7,16 @@
 #include <vector>
 
 #include "model/layers/layer.hpp"
+#include "model/layers/vocab_parallel.hpp"
 
 namespace dst::model {
 
 class Embedding {
  public:
-  Embedding(std::int64_t vocab, std::int64_t dim);
+  /// `tensor_parallel` T: this rank holds vocab / T rows of the table, its slice
+  /// (tensor_parallel.hpp); a token of another slice contributes zeros to its output
+  /// before the group's sum.
+  Embedding(std::int64_t vocab, std::int64_t dim, int tensor_parallel = 1);
 
   /// model.embed_tokens.weight (vocab, dim), split by vocabulary rows.
   void declare(std::vector<ParamSpec>& specs) const;
@@ -27,8 +31,11 @@ class Embedding {
   void backward(const Compute& c, const tensor::Tensor& tokens, const tensor::Tensor& dout) const;
 
  private:
-  std::int64_t vocab_;
+  /// This rank's rows under tensor parallelism (throws unless c has the tensor group).
+  VocabSlice slice(const Compute& c) const;
+  std::int64_t vocab_;  ///< the whole vocabulary
   std::int64_t dim_;
+  int tp_;  ///< tensor-parallel slices of the table
   std::size_t table_ = 0;
 };
 

@@ -1,10 +1,14 @@
 #include "model/layers/head.hpp"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "blas/gemm.hpp"
+#include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
@@ -13,11 +17,12 @@ constexpr const char* kHeadName = "lm_head.weight";
 constexpr const char* kTiedName = "model.embed_tokens.weight";  // Embedding's table
 }  // namespace
 
-Head::Head(const config::ModelSection& m)
+Head::Head(const config::ModelSection& m, int tensor_parallel)
     : norm_("model.norm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       tied_(m.tie_embeddings),
       vocab_(m.vocab_size),
-      dim_(m.d_model) {}
+      dim_(m.d_model),
+      tp_(tensor_parallel) {}
 
 Head::Head(const config::ModelSection& m, std::string norm_name)
     : norm_(std::move(norm_name), m.d_model, static_cast<float>(m.norm_eps)),
@@ -29,7 +34,7 @@ Head::Head(const config::ModelSection& m, std::string norm_name)
 void Head::declare(std::vector<ParamSpec>& specs) const {
   norm_.declare(specs);
   if (!tied_ && !shared_)
-    add_param(specs, kHeadName, {vocab_, dim_}, Init::normal, kInitStd, true, Split::vocab);
+    add_param(specs, kHeadName, {vocab_ / tp_, dim_}, Init::normal, kInitStd, true, Split::vocab);
 }
 
 void Head::bind(const ParamStore& params) {
@@ -41,7 +46,7 @@ HeadActs Head::take(tensor::Arena& arena, std::int64_t rows) const {
   HeadActs a;
   a.x = arena.take("final_x", {rows, dim_}, DType::f32);
   a.norm = norm_.take(arena, rows, "lnf", "rstdf");
-  a.logits = arena.take("logits", {rows, vocab_}, DType::f32);
+  a.logits = arena.take("logits", {rows, vocab_ / tp_}, DType::f32);
   a.losses = arena.take("losses", {rows}, DType::f32);
   return a;
 }
@@ -53,12 +58,47 @@ void Head::forward(const Compute& c, const tensor::Tensor& x, const RmsNormActs&
   c.store(logits);  // the loss itself is computed in fp32 from the stored logits
 }
 
+namespace {
+/// The vocabulary-parallel cross-entropy's all-reduces: a row's maximum (an i32 key), its
+/// sum of exponentials and its target's logit (f64), for each of the N rows.
+std::uint64_t cross_entropy_bytes(const HeadActs& a) {
+  return static_cast<std::uint64_t>(a.logits.shape[0]) *
+         (sizeof(std::int32_t) + 2 * sizeof(double));
+}
+}  // namespace
+
+VocabSlice Head::slice(const Compute& c) const {
+  if (c.tensor == nullptr || c.tensor->size() != tp_)
+    throw Error("model: the head was built for " + std::to_string(tp_) +
+                " tensor-parallel slices but computes without that tensor group");
+  return VocabSlice::of(vocab_, c.tensor->rank(), tp_);
+}
+
 void Head::loss(const Compute& c, const HeadActs& a, const tensor::Tensor& targets) const {
+  if (tp_ > 1) {
+    // The loss only: the logits stay as they are (DenseModel::logits()).
+    const VocabSlice s = slice(c);
+    c.tensor->counted(cross_entropy_bytes(a), [&] {
+      vocab_parallel_cross_entropy(c.tensor->group(), s, a.logits.ptr<float>(), a.logits.shape[0],
+                                   targets.ptr<std::int32_t>(), kIgnoreIndex, 0.0f, false,
+                                   a.losses.ptr<float>());
+    });
+    return;
+  }
   kernels::cross_entropy_forward(c.ctx, a.logits, targets, kIgnoreIndex, a.losses);
 }
 
 void Head::loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::Tensor& targets,
                              float grad_scale) const {
+  if (tp_ > 1) {
+    const VocabSlice s = slice(c);
+    c.tensor->counted(cross_entropy_bytes(a), [&] {
+      vocab_parallel_cross_entropy(c.tensor->group(), s, a.logits.ptr<float>(), a.logits.shape[0],
+                                   targets.ptr<std::int32_t>(), kIgnoreIndex, grad_scale, true,
+                                   a.losses.ptr<float>());
+    });
+    return;
+  }
   kernels::cross_entropy_fused(c.ctx, a.logits, targets, kIgnoreIndex, grad_scale, a.losses,
                                a.logits);
 }
@@ -71,6 +111,7 @@ void Head::backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d
   // forward's activations, which is where fp16 needs the loss scale.
   c.store(a.logits);
   blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
+  c.reduce_partial(d_ln);  // tensor parallelism: this rank's vocabulary rows' share
   if (!d_out.empty()) kernels::add(c.ctx, d_ln, d_out, d_ln);
   kernels::zero(c.ctx, d_x);
   norm_.backward(c, d_ln, a.x, a.norm, d_x);

@@ -11,6 +11,7 @@
 #include "config/run_config.hpp"
 #include "model/layers/layer.hpp"
 #include "model/layers/rmsnorm.hpp"
+#include "model/layers/vocab_parallel.hpp"
 #include "tensor/arena.hpp"
 
 namespace dst::model {
@@ -29,7 +30,10 @@ struct HeadActs {
 class Head {
  public:
   /// The model's head: model.norm.weight and lm_head.weight (or the tied embedding).
-  explicit Head(const config::ModelSection& m);
+  /// `tensor_parallel` T: this rank holds vocab / T rows of the projection (its slice,
+  /// tensor_parallel.hpp), computes those logits and the loss over the split vocabulary
+  /// (vocab_parallel_cross_entropy).
+  explicit Head(const config::ModelSection& m, int tensor_parallel = 1);
   /// A head with its own final norm named `norm_name` that shares the model's projection
   /// (lm_head.weight, or the tied embedding): the multi-token prediction module's
   /// shared_head. It declares only its norm.
@@ -64,8 +68,11 @@ class Head {
  private:
   RmsNorm norm_;
   bool tied_;
-  bool shared_ = false;  ///< the projection is the model's head (declared there)
-  std::int64_t vocab_, dim_;
+  bool shared_ = false;       ///< the projection is the model's head (declared there)
+  std::int64_t vocab_, dim_;  ///< vocab_: the whole vocabulary
+  int tp_ = 1;
+  /// This rank's vocabulary rows under tensor parallelism (throws without the group).
+  VocabSlice slice(const Compute& c) const;
   std::size_t head_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "kernels/kernels.hpp"
+#include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
@@ -14,6 +15,10 @@ tensor::Tensor Compute::weight(std::size_t i) const {
 
 void Compute::store(const tensor::Tensor& t) const {
   if (storage != DType::f32) kernels::round_to_storage(ctx, t, storage);
+}
+
+void Compute::reduce_partial(const tensor::Tensor& t) const {
+  if (tensor != nullptr && tensor->size() > 1) tensor->all_reduce(t);
 }
 
 void add_param(std::vector<ParamSpec>& specs, std::string name, const tensor::Shape& shape,

@@ -23,6 +23,7 @@
 namespace dst::model {
 
 class ExpertParallel;  // layers/moe_dispatch.hpp
+class TensorParallel;  // layers/tensor_parallel.hpp
 
 /// The context the layers compute in: the back end, the storage type the run emulates
 /// (docs/precision.md), and the parameters they read and whose gradients they accumulate.
@@ -44,6 +45,9 @@ struct Compute {
   /// the MoE layers dispatch their tokens over; nullptr (or a group of one): every rank
   /// computes every expert, with no communication.
   ExpertParallel* experts = nullptr;
+  /// Tensor parallelism (parallel.tensor > 1, layers/tensor_parallel.hpp): the tensor group
+  /// whose ranks each compute their slice of the layers; nullptr: the whole layers here.
+  TensorParallel* tensor = nullptr;
 
   /// The weights of parameter `i` the forward and backward compute with: the master
   /// parameter (f32), or its rounded compute copy (bf16/f16).
@@ -56,6 +60,10 @@ struct Compute {
   /// that feeds a matrix product): rounds it to the storage type. Nothing for f32. The
   /// one place the model's emulated precision is applied to activations.
   void store(const tensor::Tensor& t) const;
+  /// Tensor parallelism: `t`, this rank's partial sum (a row-parallel product's output, a
+  /// column-parallel product's input gradient), becomes the sum over the tensor group, on
+  /// every rank. Nothing without a tensor group.
+  void reduce_partial(const tensor::Tensor& t) const;
 };
 
 /// Called during backward each time the gradients of every parameter at flat-buffer

@@ -7,8 +7,12 @@
 
 namespace dst::model {
 
-Mlp::Mlp(std::string prefix, std::int64_t dim, std::int64_t ffn_dim, float out_std)
-    : prefix_(std::move(prefix)), dim_(dim), ffn_dim_(ffn_dim), out_std_(out_std) {}
+Mlp::Mlp(std::string prefix, std::int64_t dim, std::int64_t ffn_dim, float out_std,
+         int tensor_parallel)
+    : prefix_(std::move(prefix)),
+      dim_(dim),
+      ffn_dim_(ffn_dim / tensor_parallel),
+      out_std_(out_std) {}
 
 void Mlp::declare(std::vector<ParamSpec>& specs) const {
   const std::int64_t C = dim_, F = ffn_dim_;
@@ -47,6 +51,7 @@ void Mlp::forward(const Compute& c, const tensor::Tensor& x, const MlpActs& a,
   kernels::swiglu_forward(c.ctx, a.h1, a.h3, a.g);
   c.store(a.g);
   blas::linear_forward(c.ctx, a.g, c.weight(down_), out);
+  c.reduce_partial(out);  // tensor parallelism: this rank's ffn columns' share
 }
 
 void Mlp::backward(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
@@ -62,6 +67,7 @@ void Mlp::backward(const Compute& c, const tensor::Tensor& dout, const tensor::T
   c.store(d_h3);
   blas::linear_backward(c.ctx, d_h1, x, c.weight(gate_), dx, c.grad(gate_));
   blas::linear_backward(c.ctx, d_h3, x, c.weight(up_), dx, c.grad(up_), true);
+  c.reduce_partial(dx);
 }
 
 }  // namespace dst::model

@@ -29,7 +29,10 @@ class Mlp {
  public:
   /// `prefix`: the parameter names' ("model.layers.0.mlp."). `out_std`: down_proj's
   /// initial standard deviation (the residual-scaled kInitStd).
-  Mlp(std::string prefix, std::int64_t dim, std::int64_t ffn_dim, float out_std);
+  /// `tensor_parallel` T: this rank computes ffn_dim / T of the hidden columns, its slice
+  /// of gate/up (by rows) and down (by columns); T divides ffn_dim (the deck checks it).
+  Mlp(std::string prefix, std::int64_t dim, std::int64_t ffn_dim, float out_std,
+      int tensor_parallel = 1);
 
   /// gate_proj (F, dim) and up_proj (F, dim) split by columns (output rows), down_proj
   /// (dim, F) by rows (input columns).

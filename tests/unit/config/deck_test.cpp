@@ -317,23 +317,6 @@ TEST(DeckErrors, EnumValuesListAllowed) {
   EXPECT_TRUE(Contains(load_error("training:\n  precision:\n"), "got null"));
 }
 
-// Tensor parallelism is not implemented (issue 31): more than one rank for it would only
-// train as a silent replica, so the deck refuses it, naming the key.
-TEST(DeckErrors, TensorParallelismIsNotSupportedYet) {
-  EXPECT_EQ(load_error("parallel:\n  tensor: 2\n"),
-            "deck.yaml:2:11: parallel.tensor: 2 is not supported yet: tensor parallelism is not "
-            "implemented (issue 31)");
-  try {
-    load("parallel: {tensor: 8, pipeline: 2}\n");
-    ADD_FAILURE() << "no error";
-  } catch (const DeckError& e) {
-    EXPECT_EQ(e.key(), "parallel.tensor");
-  }
-  const RunConfig ones = load("parallel: {tensor: 1, pipeline: 1}\n");
-  EXPECT_EQ(ones.parallel.tensor, 1);
-  EXPECT_EQ(ones.parallel.pipeline, 1);
-}
-
 // Expert parallelism (parallel.expert): an MoE model whose routed experts it divides, not
 // with NCCL; the data ranks it divides (resolve_layout, at the world size).
 TEST(DeckErrors, ExpertParallelism) {
@@ -699,13 +682,14 @@ TEST(DeckLayout, EveryRankIsADataRank) {
   EXPECT_EQ(dst::config::resolve_layout(c, 2), layout_of(2, 2, 1, 1, 2, 16));
   EXPECT_TRUE(Contains(layout_error(c, 4),
                        "world size 4: parallel.data: parallel.data (2) must be the world size / "
-                       "parallel.pipeline (4 / 1 = 4) or auto"));
+                       "(parallel.pipeline x parallel.tensor) (4 / 1 = 4) or auto"));
 }
 
-TEST(DeckLayout, RefusesTensorParallelismBuiltInCode) {
-  // resolve_layout validates first: a config built in code cannot slip a split through.
+TEST(DeckLayout, ValidatesTensorParallelismBuiltInCode) {
+  // resolve_layout validates first: a config built in code cannot slip a split through
+  // that does not divide the heads.
   RunConfig c;
-  c.parallel.tensor = 2;
+  c.parallel.tensor = 3;
   try {
     dst::config::resolve_layout(c, 2);
     ADD_FAILURE() << "no error";
@@ -741,13 +725,13 @@ TEST(DeckPipeline, StagesAndTheirBlocks) {
   EXPECT_EQ(dst::config::resolve_layout(c, 4), layout_of(4, 2, 1, 2, 4, 16));
   EXPECT_EQ(dst::config::resolve_layout(c, 2), layout_of(2, 1, 1, 2, 8, 16));
   EXPECT_TRUE(Contains(layout_error(c, 3),
-                       "world size 3: parallel.pipeline: parallel.pipeline (2) does not divide the "
-                       "world size 3"));
+                       "world size 3: parallel.pipeline: parallel.pipeline x parallel.tensor (2 x "
+                       "1) does not divide the world size 3"));
   const RunConfig d = load(
       "parallel: {pipeline: 2, data: 1}\ntraining: {global_batch_size: 16, micro_batch_size: 2}\n");
   EXPECT_TRUE(Contains(layout_error(d, 4),
-                       "parallel.data (1) must be the world size / "
-                       "parallel.pipeline (4 / 2 = 2) or auto"));
+                       "parallel.data (1) must be the world size / (parallel.pipeline x "
+                       "parallel.tensor) (4 / 2 = 2) or auto"));
 }
 
 TEST(DeckPipeline, RefusesWhatStagesDoNotSupport) {
@@ -1130,3 +1114,46 @@ TEST(DeckOverrides, ValueThatYamlReadsAsNothingIsRefused) {
 }
 
 }  // namespace
+
+// Tensor parallelism splits heads, kv heads, ffn columns and vocabulary rows: a size that
+// does not divide one of them is refused naming both keys; what it is not built for
+// (latent attention, DeepSeekMoE, MTP, tied embeddings, devices) likewise.
+TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
+  const RunConfig two = load("parallel:\n  tensor: 2\n");  // tiny: 4 heads, 688, 260
+  EXPECT_EQ(two.parallel.tensor, 2);
+  EXPECT_EQ(load("parallel: {tensor: 4}\n").parallel.tensor, 4);
+  EXPECT_EQ(load_error("parallel:\n  tensor: 3\n"),
+            "deck.yaml:2:11: parallel.tensor: parallel.tensor (3) does not divide model.n_heads "
+            "(4): each rank of a tensor group holds the same share of the attention heads");
+  try {
+    load("parallel: {tensor: 8, pipeline: 2}\n");
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_EQ(e.key(), "parallel.tensor");
+  }
+  EXPECT_TRUE(Contains(load_error("model: {n_kv_heads: 2}\nparallel: {tensor: 4}\n"),
+                       "parallel.tensor (4) does not divide model.n_kv_heads (2)"));
+  EXPECT_TRUE(Contains(load_error("model: {ffn_dim: 690}\nparallel: {tensor: 4}\n"),
+                       "does not divide model.ffn_dim (690)"));
+  EXPECT_TRUE(Contains(load_error("model: {vocab_size: 258}\nparallel: {tensor: 4}\n"),
+                       "does not divide model.vocab_size (258)"));
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2}\n"),
+                       "latent attention (model.kv_lora_rank > 0) is not supported yet with "
+                       "parallel.tensor 2"));
+  EXPECT_TRUE(Contains(load_error("model: {tie_embeddings: true}\nparallel: {tensor: 2}\n"),
+                       "model.tie_embeddings is not supported yet with parallel.tensor 2"));
+  EXPECT_TRUE(Contains(load_error("kernels: {backend: cuda}\nparallel: {tensor: 2}\n"),
+                       "kernels.backend cuda"));
+  // The layout: pipeline x data x tensor ranks.
+  const RunConfig c = load(
+      "parallel: {tensor: 2, pipeline: 2}\ntraining: {global_batch_size: 16, micro_batch_size: "
+      "2}\n");
+  EXPECT_EQ(resolve_layout(c, 8), layout_of(8, 2, 2, 2, 4, 16));
+  EXPECT_EQ(resolve_layout(c, 4), layout_of(4, 1, 2, 2, 8, 16));
+  EXPECT_TRUE(Contains(layout_error(c, 6),
+                       "world size 6: parallel.tensor: parallel.pipeline x parallel.tensor (2 x 2) "
+                       "does not divide the world size 6"));
+  const RunConfig ones = load("parallel: {tensor: 1, pipeline: 1}\n");
+  EXPECT_EQ(ones.parallel.tensor, 1);
+  EXPECT_EQ(ones.parallel.pipeline, 1);
+}

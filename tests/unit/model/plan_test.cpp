@@ -134,12 +134,24 @@ TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
   EXPECT_EQ(replicas.memory.gradients, p16.memory.gradients);
   EXPECT_EQ(replicas.memory.parameters, p16.memory.parameters);
   EXPECT_GT(replicas.comm_bytes_per_step, 0.0);
-  // Nor does a tensor split shrink the plan: it is not implemented (the deck refuses it,
-  // issue 31), so a layout claiming one must not promise less memory.
+  // A tensor split the deck does not ask for is refused (the plan is of the deck's layout).
   dst::config::Layout claimed = one;
   claimed.world_size = 2;
   claimed.tensor = 2;
-  EXPECT_EQ(dst::model::make_plan(c, claimed).memory.total(), p16.memory.total());
+  EXPECT_THROW(dst::model::make_plan(c, claimed), dst::Error);
+  // Tensor parallelism halves every split parameter (all but the 2 x 30 + 1 norms of
+  // d_model weights) and adds the tensor group's activation all-reduces: 4 per block and 2
+  // per micro-batch of 1 x 4096 x 4096 fp32 (64 MiB), 2 (T-1)/T of it sent per rank; the
+  // data group's collectives (comm_bytes_per_step) are not among them.
+  c.parallel.tensor = 2;
+  const auto tp2 = dst::model::make_plan(c, claimed);
+  const std::uint64_t norms = 61ull * 4096;
+  EXPECT_EQ(tp2.memory.parameters, 2ull * ((6910365696ull - norms) / 2 + norms));
+  EXPECT_EQ(tp2.memory.master, 2 * tp2.memory.parameters);
+  EXPECT_LT(tp2.memory.activations, p16.memory.activations);
+  EXPECT_EQ(tp2.tensor_allreduces_per_step, 4.0 * 30 + 2);  // one micro-batch a step
+  EXPECT_DOUBLE_EQ(tp2.tensor_bytes_per_step, (4.0 * 30 + 2) * 64.0 * 1024 * 1024);
+  EXPECT_EQ(tp2.comm_bytes_per_step, 0.0);
 }
 
 // Pipeline stages: each stage planned with its own layers and records, the heaviest as the

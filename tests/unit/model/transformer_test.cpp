@@ -59,6 +59,63 @@ TEST(Transformer, EachLayerDeclaresItsParametersWithTheirTensorParallelSplit) {
   EXPECT_EQ(tied.size(), 11u);
 }
 
+// Tensor parallelism: each rank's layout holds its slices (column and vocab split by rows,
+// row by columns, norms whole), every slice initialises to exactly its part of the whole
+// tensor (the generator draws logical indices), and the slices put back give the whole.
+TEST(Transformer, TensorParallelSlicesAreTheWholeTensorsParts) {
+  auto m = three_blocks();
+  m.n_kv_heads = 2;  // T = 2 must divide the kv heads
+  m.vocab_size = 14;
+  using dst::model::ParamStore;
+  ParamStore whole(dst::model::dense_parameter_layout(m), Arena::Mode::allocate);
+  whole.initialize(7);
+  std::vector<std::vector<float>> rebuilt(whole.size());
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    rebuilt[i].assign(static_cast<std::size_t>(whole.spec(i).shape.numel()), -1.0f);
+  for (int r = 0; r < 2; ++r) {
+    const dst::model::Transformer net(m, {r, 2});
+    ParamStore part(net.parameter_layout(), Arena::Mode::allocate);
+    part.initialize(7);
+    ASSERT_EQ(part.size(), whole.size());
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      const auto& s = part.spec(i);
+      const auto& w = whole.spec(i);
+      ASSERT_EQ(s.name, w.name);
+      EXPECT_EQ(dst::model::logical_shape(s), w.shape) << s.name;
+      if (s.split == dst::model::Split::replicated) {
+        EXPECT_EQ(s.shape, w.shape) << s.name;
+        EXPECT_EQ(s.tp_size, 1) << s.name;
+      } else {
+        EXPECT_EQ(s.tp_size, 2) << s.name;
+        EXPECT_EQ(s.tp_rank, r) << s.name;
+        const int dim = s.split == dst::model::Split::row ? 1 : 0;
+        EXPECT_EQ(s.shape[dim] * 2, w.shape[dim]) << s.name;
+      }
+      const auto n = static_cast<std::size_t>(s.shape.numel());
+      std::vector<float> expected(n);
+      dst::model::copy_slice_from_whole(s, whole.param(i).ptr<float>(), expected.data());
+      EXPECT_EQ(std::memcmp(expected.data(), part.param(i).ptr<float>(), n * sizeof(float)), 0)
+          << s.name << " slice " << r;
+      dst::model::copy_slice_to_whole(s, part.param(i).ptr<float>(), rebuilt[i].data());
+    }
+  }
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    EXPECT_EQ(std::memcmp(rebuilt[i].data(), whole.param(i).ptr<float>(),
+                          rebuilt[i].size() * sizeof(float)),
+              0)
+        << whole.spec(i).name;
+  // o_proj (8, 8) split by columns: slice 1's element (row 2, column 1) is the whole's
+  // (2, 4 + 1).
+  const dst::model::Transformer net(m, {1, 2});
+  const auto specs = net.parameter_layout();
+  for (const auto& s : specs)
+    if (s.name == "model.layers.0.self_attn.o_proj.weight") {
+      EXPECT_EQ(s.shape, (dst::tensor::Shape{8, 4}));
+      EXPECT_EQ(dst::model::logical_index(s, 2 * 4 + 1), 2u * 8u + 5u);
+    }
+  EXPECT_THROW(dst::model::Transformer(m, {2, 2}).parameter_layout(), dst::Error);
+}
+
 /// Every buffer of a two-stage run over `net`: blocks [0, cut) and [cut, L).
 struct Buffers {
   Tensor tokens, targets;

@@ -1,0 +1,74 @@
+#pragma once
+/// \file tensor_parallel.hpp
+/// Tensor parallelism (parallel.tensor = T > 1), Megatron-LM's layout (Shoeybi et al. 2019):
+/// each rank of a tensor group holds slice `rank` of T of every split parameter
+/// (param_store.hpp, Split) and computes the part of each layer that slice gives:
+///   attention: heads [rank H/T, (rank+1) H/T) (q, k, v by output rows, o_proj by input
+///              columns; kv heads split alike: the deck needs T | n_kv_heads);
+///   MLP:       the ffn columns [rank F/T, ..) (gate, up by rows, down by columns);
+///   embedding: the vocabulary rows [rank V/T, ..) (a token elsewhere contributes zeros);
+///   head:      the logits of those rows, and a cross-entropy over the split vocabulary
+///              that never gathers them (vocab_parallel.hpp).
+/// The outputs of o_proj, down_proj and the embedding are partial sums over the group, and
+/// so are the input gradients of q/k/v, gate/up and the lm head: one all-reduce each
+/// (all_reduce below) makes them whole on every rank, after which the norms, the residual
+/// stream and everything replicated compute alike on every rank of the group.
+///
+/// The first version computes in host memory over the group's MPI communicator (a model on
+/// a device refuses it); its collectives carry the group's deadline.
+
+#include <chrono>
+#include <cstdint>
+
+#include "comm/communicator.hpp"
+#include "tensor/tensor.hpp"
+
+namespace dst::model {
+
+/// A rank's place in its tensor group: slice `rank` of `size`.
+struct TensorSlice {
+  int rank = 0;
+  int size = 1;
+};
+
+/// The all-reduces the layers did since the last reset (metrics).
+struct TensorTraffic {
+  double seconds = 0.0;     ///< wall time in them
+  std::uint64_t bytes = 0;  ///< bytes reduced (the buffers' size, once per call)
+  std::int64_t calls = 0;
+};
+
+/// One rank's view of its tensor group: the communicator and the traffic it carried.
+class TensorParallel {
+ public:
+  /// `group`: the tensor group (process_groups' "tensor"); outlives this object.
+  explicit TensorParallel(comm::Communicator& group) : group_(group) {}
+  int size() const { return group_.size(); }
+  int rank() const { return group_.rank(); }
+  TensorSlice slice() const { return {rank(), size()}; }
+  comm::Communicator& group() { return group_; }
+
+  /// t (f32, host memory) = the sum of every rank's t, in place, on every rank. Throws
+  /// dst::TimeoutError past the group's deadline.
+  void all_reduce(const tensor::Tensor& t);
+  /// Runs `collectives` (over group(), moving `bytes`: the vocabulary-parallel embedding
+  /// and cross-entropy) and counts them as this group's traffic.
+  template <class F>
+  void counted(std::uint64_t bytes, F&& collectives) {
+    const auto t0 = std::chrono::steady_clock::now();
+    collectives();
+    traffic_.seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    traffic_.bytes += bytes;
+    ++traffic_.calls;
+  }
+
+  const TensorTraffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = TensorTraffic{}; }
+
+ private:
+  comm::Communicator& group_;
+  TensorTraffic traffic_;
+};
+
+}  // namespace dst::model
