@@ -44,6 +44,9 @@ struct Compute {
   /// the MoE layers dispatch their tokens over; nullptr (or a group of one): every rank
   /// computes every expert, with no communication.
   ExpertParallel* experts = nullptr;
+  /// Node-limited routing (model.moe.max_nodes_per_token): the node of each routed expert
+  /// (RouterShape::expert_node); nullptr: every expert on one node (no limit).
+  const std::vector<std::int32_t>* expert_node = nullptr;
 
   /// The weights of parameter `i` the forward and backward compute with: the master
   /// parameter (f32), or its rounded compute copy (bf16/f16).
