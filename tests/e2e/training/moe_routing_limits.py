@@ -8,7 +8,8 @@ micro-batch 2, global batch 8, 6 steps:
    drops rows in every step (moe_dropped_rows > 0 in metrics.jsonl, "dropped" in the log
    line) and trains otherwise; with expert parallelism (E = 2) the same factor drops the
    same rows (the counts equal step by step) and trains within 1e-5 of E = 1 (losses,
-   final parameters): the drops are decided on each rank before the dispatch.
+   final parameters): the drops are decided on each rank before the dispatch; the same
+   with training.recompute full (the recomputed forward drops the same rows, counted once).
 2. Node-limited routing with the test node map debug.expert_nodes = 4 (2 experts a node)
    and M = 1 (both experts of a token on one node): on 4 ranks E = 4 (one node a rank) and
    E = 2 against E = 1 within 1e-5 and the same expert loads; the limit changes the
@@ -115,6 +116,10 @@ def main():
     print(f"capacity 0.5: step {STEPS} dropped {cap['steps'][STEPS]['moe_dropped_rows']:.0f} rows "
           f"({100 * cap['steps'][STEPS]['moe_dropped_fraction']:.2f}%)")
     close(run("np2-e2-cap0.5", 2, 2, "--set", "model.moe.capacity_factor=0.5"), cap)
+    # training.recompute full: the recomputed forward drops the same rows again (and does
+    # not count them twice).
+    close(run("np2-e2-cap0.5-recompute", 2, 2, "--set", "model.moe.capacity_factor=0.5",
+              "--set", "training.recompute=full"), cap)
 
     # 2. node-limited routing
     nodes = ("--set", "debug.expert_nodes=4")
