@@ -6,7 +6,7 @@
 // token sent to one expert (the others receive none), and row counts that match the
 // gate's choices. With an expert capacity (model.moe.capacity_factor): the same rows
 // dropped with and without the group, a dropped row's contribution and gradients exactly
-// nothing.
+// nothing; the node map of node-limited routing from the group's hosts or the test split.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -316,6 +316,33 @@ TEST_F(MoeDispatch, ADroppedRowContributesNothing) {
     EXPECT_FALSE(std::all_of(pf, pf + g_free.numel(), [](float v) { return v == 0.0f; }))
         << name << ": without the capacity, the row's expert has none";
   }
+}
+
+TEST_F(MoeDispatch, NodeMapOfTheExpertGroup) {
+  // The test ranks share one host: one node, whatever the group (empty without one).
+  const std::vector<std::int32_t> hosts = dst::model::expert_nodes(8, 0, &group);
+  if (ep.size() > 1)
+    EXPECT_EQ(hosts, std::vector<std::int32_t>(8, 0));
+  else
+    EXPECT_TRUE(hosts.empty());
+  EXPECT_TRUE(dst::model::expert_nodes(8, 0, nullptr).empty());
+  // debug.expert_nodes: equal nodes in expert order, without any exchange.
+  EXPECT_EQ(dst::model::expert_nodes(8, 4, nullptr),
+            (std::vector<std::int32_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+  // A map whose M smallest nodes cannot hold top-k experts is refused, naming the key.
+  dst::config::ModelSection m = model_section(2, 0.0);
+  m.moe.max_nodes_per_token = 1;
+  const Moe moe("mlp.", m, 0.02f);
+  try {
+    moe.check_expert_nodes({0, 1, 2, 3});  // one expert a node, top-2 from one node
+    ADD_FAILURE() << "no error";
+  } catch (const dst::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.moe.max_nodes_per_token"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(moe.check_expert_nodes({0, 0, 1, 1}));
+  EXPECT_THROW(moe.check_expert_nodes({0, 0, 2, 2}), dst::Error);  // node 1 holds none
+  EXPECT_THROW(moe.check_expert_nodes({0, 0, 1}), dst::Error);     // 3 entries for 4 experts
 }
 
 TEST_F(MoeDispatch, ExpertsNotDividedByTheGroupAreRefused) {
