@@ -393,6 +393,48 @@ void check_moe(const ModelSection& m, const GivenKeys& given, const std::string&
                          "best experts");
 }
 
+/// Node-limited routing (model.moe.max_nodes_per_token) and its test node map
+/// (debug.expert_nodes).
+void check_node_limit(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
+  const auto s = [](auto v) { return std::to_string(v); };
+  const ModelSection& m = c.model;
+  const std::int64_t M = m.moe.max_nodes_per_token, n = c.debug.expert_nodes;
+  const std::int64_t E = m.n_routed_experts;
+  if (M > 0 && E == 0)
+    fail_combination(given, fallback, {"model.moe.max_nodes_per_token", "model.n_routed_experts"},
+                     "model.moe.max_nodes_per_token " + s(M) +
+                         " needs a DeepSeekMoE model (model.n_routed_experts > 0)");
+  if (m.moe.capacity_factor > 0.0 && E == 0)
+    fail_combination(given, fallback, {"model.moe.capacity_factor", "model.n_routed_experts"},
+                     "model.moe.capacity_factor needs a DeepSeekMoE model "
+                     "(model.n_routed_experts > 0)");
+  // Both limits mask experts by a coarser unit; applied one after the other, the second
+  // could leave fewer than top-k experts. DeepSeek-V3 bounds its nodes with groups alone
+  // when groups are nodes; here one or the other (group-limited routing that keeps every
+  // group masks nothing).
+  if (M > 0 && m.n_group > 1 && m.topk_group < m.n_group)
+    fail_combination(given, fallback, {"model.moe.max_nodes_per_token", "model.topk_group"},
+                     "model.moe.max_nodes_per_token " + s(M) +
+                         " and group-limited routing (model.topk_group " + s(m.topk_group) +
+                         " of model.n_group " + s(m.n_group) +
+                         " groups) are not combined: use one of them (with groups laid out as "
+                         "nodes, group-limited routing is node-limited routing)");
+  if (n > 0 && E == 0)
+    fail_combination(
+        given, fallback, {"debug.expert_nodes", "model.n_routed_experts"},
+        "debug.expert_nodes " + s(n) + " needs a DeepSeekMoE model (model.n_routed_experts > 0)");
+  if (n > 0 && E % n != 0)
+    fail_combination(
+        given, fallback, {"debug.expert_nodes", "model.n_routed_experts"},
+        "debug.expert_nodes (" + s(n) + ") does not divide model.n_routed_experts (" + s(E) + ")");
+  if (M > 0 && n > M && M * (E / n) < m.num_experts_per_tok)
+    fail_combination(given, fallback, {"model.moe.max_nodes_per_token", "debug.expert_nodes"},
+                     "model.moe.max_nodes_per_token (" + s(M) + ") x " + s(E / n) +
+                         " experts per node (debug.expert_nodes " + s(n) +
+                         ") is fewer than model.num_experts_per_tok (" + s(m.num_experts_per_tok) +
+                         ")");
+}
+
 /// parallel.pipeline, pipeline_layers and pipeline_schedule, and what pipeline stages do
 /// not support yet.
 void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
@@ -501,6 +543,7 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
   check_mla(m, given, fallback);
   check_rope_scaling(m, given, fallback);
   check_moe(m, given, fallback);
+  check_node_limit(c, given, fallback);
   // The MTP module predicts token t+2: a sequence of one token has no such target.
   if (m.mtp_depth > 0 && c.data.seq_len < 2)
     fail_combination(given, fallback, {"model.mtp_depth", "data.seq_len"},

@@ -100,6 +100,13 @@ struct MoeSection {
   double bias_update_rate = 1.0e-3;
   /// alpha of the sequence-wise balance loss alpha * sum_i f_i P_i; 0 disables.
   double seq_aux_loss_alpha = 1.0e-4;
+  /// Expert capacity: each expert takes at most ceil(f N K / E) (token, slot) rows of a
+  /// rank's micro-batch of N tokens, the rest dropped (layers/moe_router.hpp,
+  /// apply_capacity); 0 = dropless.
+  double capacity_factor = 0.0;
+  /// Node-limited routing (DeepSeek-V3's M): a token's experts come from at most this many
+  /// nodes (layers/moe_router.hpp); 0 = off.
+  std::int64_t max_nodes_per_token = 0;
 };
 
 /// model.rope_scaling.type: how RoPE's frequencies are stretched past the training context.
@@ -276,6 +283,9 @@ struct DebugSection {
   std::int64_t inject_divergence_rank = -1;
   std::int64_t inject_straggler_rank = -1;  ///< this rank sleeps inject_straggler_ms a step
   std::int64_t inject_straggler_ms = 0;
+  /// Node-limited routing's node map for tests: the routed experts split into this many
+  /// equal nodes, whatever the hosts; 0 = the expert group's real hosts.
+  std::int64_t expert_nodes = 0;
 };
 
 struct RunConfig {

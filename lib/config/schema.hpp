@@ -243,6 +243,18 @@ void visit_model(V& v, S&... s) {
   v.field("model.moe.seq_aux_loss_alpha",
           Spec("Weight alpha of the sequence-wise balance loss; 0 disables.").at_least(0),
           s.moe.seq_aux_loss_alpha...);
+  v.field("model.moe.capacity_factor",
+          Spec("Expert capacity factor f: each expert takes at most ceil(f x tokens x top-k / "
+               "n_routed_experts) (token, slot) rows of a rank's micro-batch, the rows of the "
+               "lowest router scores beyond it dropped (docs/model.md); 0 = dropless.")
+              .at_least(0),
+          s.moe.capacity_factor...);
+  v.field("model.moe.max_nodes_per_token",
+          Spec("Node-limited routing (DeepSeek-V3's M): a token's routed experts come from at "
+               "most this many nodes of the expert placement (docs/model.md); 0 = off.")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.moe.max_nodes_per_token...);
   v.field("model.mtp_depth",
           Spec("Multi-token prediction modules (DeepSeek-V3): 0 = none; 1 = one more block over "
                "[RMSNorm(Emb(t+1)); RMSNorm(h)] that predicts token t+2 through the shared "
@@ -413,9 +425,9 @@ void visit_parallel(V& v, S&... s) {
                "experts of every MoE layer are split over groups of this many consecutive data "
                "ranks, tokens dispatched to their experts' ranks by all-to-all; must divide "
                "model.n_routed_experts and the data ranks; 1 = every rank computes every "
-               "expert. Dropless (no capacity factor); host memory and the mpi or shm back end "
-               "only (the NCCL all-to-all exists, the dispatch on a GPU does not); no "
-               "node-limited routing.")
+               "expert. Dropless unless model.moe.capacity_factor; node-limited routing by "
+               "model.moe.max_nodes_per_token; host memory and the mpi or shm back end only "
+               "(the NCCL all-to-all exists, the dispatch on a GPU does not).")
               .at_least(1)
               .at_most(kIntMax),
           s.expert...);
@@ -562,6 +574,14 @@ void visit_debug(V& v, S&... s) {
               .at_least(0)
               .at_most(600000),
           s.inject_straggler_ms...);
+  v.field("debug.expert_nodes",
+          Spec("Node-limited routing (model.moe.max_nodes_per_token) for tests: pretend the "
+               "routed experts lie on this many nodes, node j holding experts [j E/n, (j+1) "
+               "E/n), whatever the hosts and parallel.expert; 0 = the expert group's real "
+               "hosts.")
+              .at_least(0)
+              .at_most(kIntMax),
+          s.expert_nodes...);
 }
 
 /// The whole deck, in document order.

@@ -28,6 +28,7 @@ struct DenseModel::Impl {
   // bf16/f16 the compute copy holds the master parameters rounded to the storage type, in
   // the ParamStore's layout; the forward and backward read their weights from it.
   Compute c;
+  std::vector<std::int32_t> expert_node;  // node-limited routing's map (c.expert_node)
   std::int64_t B, T, N, C, L;
   Arena acts{"activations", Arena::Mode::plan};
   Arena work{"workspace", Arena::Mode::plan};
@@ -460,7 +461,9 @@ std::vector<double> DenseModel::moe_loads() const {
 
 void DenseModel::reset_moe_loads() {
   impl_->each_moe([&](const Moe&, const BlockActs& a) {
-    if (a.moe.routing) std::fill(a.moe.routing->load.begin(), a.moe.routing->load.end(), 0.0);
+    if (!a.moe.routing) return;
+    std::fill(a.moe.routing->load.begin(), a.moe.routing->load.end(), 0.0);
+    a.moe.routing->dropped = 0.0;
   });
 }
 
@@ -494,6 +497,20 @@ void DenseModel::set_tensor_parallel(TensorParallel* tp) {
         "model: tensor parallelism needs the model in host memory (not built for "
         "devices yet)");
   impl_->c.tensor = tp;
+}
+
+void DenseModel::set_expert_nodes(std::vector<std::int32_t> expert_node) {
+  impl_->each_moe([&](const Moe& m, const BlockActs&) { m.check_expert_nodes(expert_node); });
+  impl_->expert_node = std::move(expert_node);
+  impl_->c.expert_node = impl_->expert_node.empty() ? nullptr : &impl_->expert_node;
+}
+
+double DenseModel::moe_dropped() const {
+  double out = 0.0;
+  impl_->each_moe([&](const Moe&, const BlockActs& a) {
+    if (a.moe.routing) out += a.moe.routing->dropped;
+  });
+  return out;
 }
 
 std::vector<float> DenseModel::moe_bias() const {

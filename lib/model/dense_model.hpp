@@ -176,6 +176,14 @@ class DenseModel {
   /// a TensorSlice (its rank and size must match); every forward and backward is then
   /// collective over it. Not owned.
   void set_tensor_parallel(TensorParallel* tp);
+  /// Node-limited routing (model.moe.max_nodes_per_token): the node of each routed expert
+  /// (moe_experts() entries, ids 0 .. nodes - 1; expert_nodes() below makes it); empty:
+  /// every expert on one node, no limit (the default). Throws dst::Error if M nodes
+  /// cannot hold top-k experts (Moe::check_expert_nodes).
+  void set_expert_nodes(std::vector<std::int32_t> expert_node);
+  /// Rows dropped by the experts' capacity (model.moe.capacity_factor) since the last
+  /// reset_moe_loads(), summed over the MoE blocks (counted forwards only).
+  double moe_dropped() const;
   // The MoE functions above count the multi-token prediction module's block, when it is an
   // MoE block, after the model's blocks.
 

@@ -1,5 +1,7 @@
 #include "model/plan.hpp"
 
+#include "model/layers/moe_router.hpp"
+
 #include "core/error.hpp"
 #include "model/dense_model.hpp"
 
@@ -327,6 +329,33 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
          layer_bytes, bytes});
     plan.comm_bytes_per_step += bytes;
   }
+  // Node-limited routing and the experts' capacity (layers/moe_router.hpp).
+  if (m.n_routed_experts > 0) {
+    const std::int64_t tokens = c.training.micro_batch_size * c.data.seq_len;
+    plan.expert_capacity =
+        expert_capacity(m.moe.capacity_factor, tokens, m.num_experts_per_tok, m.n_routed_experts);
+    if (m.moe.max_nodes_per_token > 0) {
+      const std::int64_t per_node =
+          std::max<std::int64_t>(1, host_rates(options.host).ranks_per_node);
+      plan.expert_nodes =
+          c.debug.expert_nodes > 0 ? c.debug.expert_nodes : (X + per_node - 1) / per_node;
+      plan.token_nodes =
+          std::min({m.moe.max_nodes_per_token, m.num_experts_per_tok, plan.expert_nodes});
+      // Rows travel between ranks only: the nodes of the expert group (a test map of more
+      // nodes than ranks splits ranks, whose rows do not leave them).
+      const std::int64_t rank_nodes = std::min<std::int64_t>(plan.expert_nodes, X);
+      if (X > 1 && rank_nodes > 1) {
+        const double n = static_cast<double>(rank_nodes);
+        const double times = (c.training.recompute == config::Recompute::full ? 6.0 : 4.0) *
+                             static_cast<double>(layout.grad_accum_steps);
+        const double row_bytes = static_cast<double>(m.d_model) * sizeof(float);
+        const double rows = static_cast<double>(tokens * m.num_experts_per_tok);
+        plan.cross_node_bytes_per_moe_layer = times * rows * (n - 1.0) / n * row_bytes;
+        plan.cross_node_dedup_bound_per_moe_layer =
+            times * static_cast<double>(tokens) * static_cast<double>(plan.token_nodes) * row_bytes;
+      }
+    }
+  }
 
   // Tensor parallelism (layout.tensor = TP > 1): per micro-batch, one all-reduce of the
   // (micro x seq_len, d_model) fp32 residual-stream tensor after each block's attention and
@@ -496,6 +525,33 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
     row("point-to-point", format_bytes(plan.p2p_bytes_per_micro_batch),
         "per micro-batch and stage boundary, each way (activations forward, their gradient "
         "backward; fp32)");
+  }
+  char factor[32];
+  std::snprintf(factor, sizeof factor, "%g", c.model.moe.capacity_factor);
+  const auto plural = [](std::int64_t n, const char* one, const char* many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  if (plan.expert_capacity >= 0)
+    row("expert capacity", std::to_string(plan.expert_capacity) + " rows",
+        std::string("per expert and micro-batch of a rank (model.moe.capacity_factor ") + factor +
+            " x " + std::to_string(c.training.micro_batch_size * c.data.seq_len) +
+            " tokens x top-" + std::to_string(c.model.num_experts_per_tok) + " / " +
+            std::to_string(c.model.n_routed_experts) +
+            " experts); the rows of the lowest scores beyond it are dropped");
+  if (plan.token_nodes > 0) {
+    row("node-limited routing", "<= " + plural(plan.token_nodes, "node", "nodes"),
+        "a token's rows reach (model.moe.max_nodes_per_token " +
+            std::to_string(c.model.moe.max_nodes_per_token) + "; the routed experts lie on " +
+            plural(plan.expert_nodes, "node", "nodes") +
+            (c.debug.expert_nodes > 0 ? ", debug.expert_nodes"
+                                      : ", ranks per node of '" + plan.options.host + "'") +
+            ")");
+    if (plan.cross_node_bytes_per_moe_layer > 0)
+      row("  cross-node all-to-all", format_bytes(plan.cross_node_bytes_per_moe_layer),
+          "per rank, step and MoE layer as sent (every row; (n-1)/n of them at balanced load); "
+          "a dispatch sending a token once per node would send <= " +
+              format_bytes(plan.cross_node_dedup_bound_per_moe_layer) + " (" +
+              plural(plan.token_nodes, "copy", "copies") + " of a token)");
   }
   row("available per rank",
       available_per_rank ? format_bytes(static_cast<double>(available_per_rank)) : "unknown", "");

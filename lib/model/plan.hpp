@@ -156,6 +156,22 @@ struct Plan {
   /// `collectives` too, but not in comm_bytes_per_step (the data group's).
   double tensor_allreduces_per_step = 0;
   double tensor_bytes_per_step = 0;
+  /// Node-limited routing (model.moe.max_nodes_per_token M > 0): the nodes the routed
+  /// experts lie on (debug.expert_nodes, or the expert group's ranks over the host kind's
+  /// ranks per node), the bound on the nodes one token's rows reach, min(M, top-k, nodes),
+  /// and the bytes one rank sends across nodes per step in one MoE layer's all-to-alls:
+  /// `cross_node_bytes_per_moe_layer` as dstrain sends them (every (token, expert) row, so
+  /// (nodes - 1) / nodes of the rows at balanced load, whatever M), and
+  /// `cross_node_dedup_bound_per_moe_layer` the bound M implies for a dispatch that sends
+  /// a token once per node (DeepSeek-V3's), at most `token_nodes` copies of each token; 0
+  /// without expert parallelism.
+  std::int64_t expert_nodes = 1;
+  std::int64_t token_nodes = 0;
+  double cross_node_bytes_per_moe_layer = 0;
+  double cross_node_dedup_bound_per_moe_layer = 0;
+  /// model.moe.capacity_factor f > 0: the rows one expert takes of one rank's micro-batch,
+  /// ceil(f x micro-batch x seq_len x top-k / n_routed_experts); -1 dropless.
+  std::int64_t expert_capacity = -1;
 };
 
 /// Parameter count of the model section.

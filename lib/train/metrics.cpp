@@ -103,6 +103,10 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
                         {"bias_min", m.bias_min},
                         {"bias_max", m.bias_max}});
     j["moe"] = blocks;
+    if (s.moe_capacity) {  // model.moe.capacity_factor
+      j["moe_dropped_rows"] = s.moe_dropped;
+      j["moe_dropped_fraction"] = s.moe_dropped_fraction;
+    }
   }
   if (s.expert_rows_mean > 0.0) {  // expert parallelism
     j["alltoall_ms"] = s.t_alltoall * 1e3;
@@ -121,12 +125,16 @@ std::string MetricsLog::step(const StepStats& s, std::int64_t max_steps, double 
   if (s.loss_scale > 0) std::snprintf(scale, sizeof scale, " | scale %g", s.loss_scale);
   char mtp[40] = "";
   if (s.mtp) std::snprintf(mtp, sizeof mtp, " | mtp %.4f", s.mtp_loss);
-  char moe[64] = "";
+  char moe[112] = "";
   if (!s.moe.empty()) {  // the least balanced MoE block
     double worst = 0.0;
     for (const MoeBalance& m : s.moe)
       worst = std::max(worst, m.max_over_mean);
-    std::snprintf(moe, sizeof moe, " | aux %.3e | load max/mean %.2f", s.aux_loss, worst);
+    if (s.moe_capacity)
+      std::snprintf(moe, sizeof moe, " | aux %.3e | load max/mean %.2f | dropped %.0f (%.2f%%)",
+                    s.aux_loss, worst, s.moe_dropped, 100.0 * s.moe_dropped_fraction);
+    else
+      std::snprintf(moe, sizeof moe, " | aux %.3e | load max/mean %.2f", s.aux_loss, worst);
   }
   char ep[96] = "";
   if (s.expert_rows_mean > 0.0)

@@ -197,6 +197,11 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     experts_ = std::make_unique<model::ExpertParallel>(*groups.expert);
     model_->set_expert_parallel(experts_.get());
   }
+  // Node-limited routing: the experts' nodes (debug.expert_nodes, or the expert group's hosts).
+  if (config.model.moe.max_nodes_per_token > 0 && model_->moe_blocks() > 0)
+    model_->set_expert_nodes(
+        model::expert_nodes(model_->moe_experts(), config.debug.expert_nodes,
+                            layout.expert > 1 ? groups.expert.get() : nullptr));
   // One rank alone has nothing to share: it updates its own parameters.
   if (shared_ && shared_->size() > 1) {
     shared_update_ = shared_.get();
@@ -833,9 +838,12 @@ void Trainer::balance_moe(StepStats& st, double aux_sum) {
   // Loads of every MoE block and this rank's balance loss, summed over the data group:
   // every rank then moves the biases alike (counts are exact in double).
   std::vector<double> sums = model_->moe_loads();
+  sums.push_back(model_->moe_dropped());  // the capacity's dropped rows
   sums.push_back(aux_sum);
   groups_.data->allreduce(sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum);
   st.aux_loss = sums.back() / static_cast<double>(layout_.global_batch_size);
+  sums.pop_back();
+  st.moe_dropped = sums.back();
   sums.pop_back();
   model_->reset_moe_loads();
   // The bias follows the optimizer: a skipped step moves nothing.
@@ -846,6 +854,9 @@ void Trainer::balance_moe(StepStats& st, double aux_sum) {
   // Tokens that reach the MoE blocks: each routes to num_experts_per_tok experts.
   const double tokens =
       static_cast<double>(layout_.global_batch_size) * static_cast<double>(cfg_.data.seq_len);
+  st.moe_capacity = cfg_.model.moe.capacity_factor > 0.0;
+  st.moe_dropped_fraction =
+      st.moe_dropped / (tokens * static_cast<double>(cfg_.model.num_experts_per_tok * blocks));
   // DeepSeek-V3's "no token dropping" assumes every expert keeps receiving tokens; an
   // expert idle for this many steps in a row is worth a warning (once, as it crosses).
   constexpr std::int64_t kIdleWarnSteps = 100;

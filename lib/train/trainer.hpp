@@ -60,6 +60,11 @@ struct StepStats {
   /// and 0 for a dense model.
   double aux_loss = 0.0;
   std::vector<MoeBalance> moe;
+  /// model.moe.capacity_factor > 0: `moe_capacity` true, the (token, slot) rows the experts'
+  /// capacity dropped over the global batch and the MoE blocks, and their fraction of the
+  /// rows routed (tokens x top-k x MoE blocks).
+  bool moe_capacity = false;
+  double moe_dropped = 0.0, moe_dropped_fraction = 0.0;
   /// Multi-token prediction (model.mtp_depth 1): `mtp` true and `mtp_loss` the MTP module's
   /// loss, mean over the global batch's valid t+2 targets (not part of `loss`; the
   /// gradient is that of loss + model.mtp_loss_weight x mtp_loss).

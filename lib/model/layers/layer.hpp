@@ -48,6 +48,9 @@ struct Compute {
   /// Tensor parallelism (parallel.tensor > 1, layers/tensor_parallel.hpp): the tensor group
   /// whose ranks each compute their slice of the layers; nullptr: the whole layers here.
   TensorParallel* tensor = nullptr;
+  /// Node-limited routing (model.moe.max_nodes_per_token): the node of each routed expert
+  /// (RouterShape::expert_node); nullptr: every expert on one node (no limit).
+  const std::vector<std::int32_t>* expert_node = nullptr;
 
   /// The weights of parameter `i` the forward and backward compute with: the master
   /// parameter (f32), or its rounded compute copy (bf16/f16).

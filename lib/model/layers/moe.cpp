@@ -51,6 +51,7 @@ Moe::Moe(std::string prefix, const config::ModelSection& m, float out_std)
       S_(m.n_shared_experts),
       shape_(RouterShape::of(m)),
       aux_alpha_(m.moe.seq_aux_loss_alpha),
+      capacity_factor_(m.moe.capacity_factor),
       out_std_(out_std),
       shared_(prefix_ + "shared_experts.", m.d_model, m.n_shared_experts * m.moe_intermediate_size,
               out_std) {}
@@ -152,8 +153,15 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   blas::linear_forward(c.ctx, x, c.params->param(gate_), a.logits);
   tensor::download(c.ctx, a.logits, r.logits.data());
   if (has_bias()) tensor::download(c.ctx, c.params->param(bias_), r.bias.data());
-  route_forward(shape_, N, r.logits.data(), has_bias() ? r.bias.data() : nullptr, r.scores.data(),
-                r.idx.data(), r.weights.data());
+  if (c.expert_node != nullptr && shape_.max_nodes > 0) {  // node-limited routing
+    RouterShape shape = shape_;
+    shape.expert_node = *c.expert_node;
+    route_forward(shape, N, r.logits.data(), has_bias() ? r.bias.data() : nullptr, r.scores.data(),
+                  r.idx.data(), r.weights.data());
+  } else {
+    route_forward(shape_, N, r.logits.data(), has_bias() ? r.bias.data() : nullptr, r.scores.data(),
+                  r.idx.data(), r.weights.data());
+  }
   if (count)
     for (std::int64_t i = 0; i < N * K; ++i)
       r.load[static_cast<std::size_t>(r.idx[static_cast<std::size_t>(i)])] += 1.0;
@@ -161,6 +169,12 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
                                                r.idx.data(), 0.0f, nullptr)
                                 : 0.0;
   sort_by_expert(N, K, E_, r.idx.data(), r.rows);
+  // The capacity, on this rank's rows before any dispatch (the loads above and the balance
+  // loss count the router's choice, dropped rows included).
+  const std::int64_t dropped = apply_capacity(N, K, E_, r.scores.data(),
+                                              expert_capacity(capacity_factor_, N, K, E_), r.rows);
+  if (count) r.dropped += static_cast<double>(dropped);
+  const std::int64_t kept = N * K - dropped;
   // The record may hold more tokens than this call's (the decoder's shorter steps).
   const Tensor token = row_range(a.token, 0, N * K), row = row_range(a.row, 0, N),
                weights = row_range(a.weights, 0, N);
@@ -168,8 +182,10 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   upload_vector(c, r.rows.row, row);
   upload_vector(c, r.weights, weights);
 
-  // Gather the rows, then each expert's SwiGLU over its rows.
+  // Gather the rows, then each expert's SwiGLU over its rows. Dropped rows (after the
+  // kept ones) are gathered too but never computed: their outputs are 0.
   kernels::gather_rows(c.ctx, x, token, a.xs);
+  if (dropped > 0) kernels::zero(c.ctx, row_range(a.y, kept, dropped));
   // out = shared(x) (or 0), before the routed outputs are added.
   const auto shared_part = [&] {
     if (S_ > 0)
@@ -214,6 +230,9 @@ void Moe::backward(const Compute& c, std::int64_t B, std::int64_t T, const Tenso
   } else {
     swiglu_rows_backward(c, r.rows.offset, 0, a.xs, a.h1, a.h3, a.g, s.d_y, s.d_g, s.d_xs);
   }
+  // Dropped rows: no input gradient (their output was 0 whatever the input).
+  const std::int64_t kept = r.rows.offset.back();
+  if (r.rows.dropped > 0) kernels::zero(c.ctx, row_range(s.d_xs, kept, r.rows.dropped));
   // dx[n] += sum_k d_xs[row of (n, k)], slots in order.
   kernels::gather_rows_backward(c.ctx, s.d_xs, row, dx);
 
@@ -289,10 +308,14 @@ void Moe::swiglu_rows_forward(const Compute& c, const std::vector<std::int64_t>&
     blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w1_[e]), row_range(h1, r0, n));
     blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w3_[e]), row_range(h3, r0, n));
   }
-  c.store(h1);
-  c.store(h3);
-  kernels::swiglu_forward(c.ctx, h1, h3, g);
-  c.store(g);
+  // The elementwise part over the rows computed (the dropped rows after them are not).
+  const std::int64_t rows = offset.back();
+  const Tensor h1r = row_range(h1, 0, rows), h3r = row_range(h3, 0, rows),
+               gr = row_range(g, 0, rows);
+  c.store(h1r);
+  c.store(h3r);
+  kernels::swiglu_forward(c.ctx, h1r, h3r, gr);
+  c.store(gr);
   for (std::int64_t l = 0; l < experts; ++l) {
     const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
                        n = offset[static_cast<std::size_t>(l + 1)] - r0;
@@ -300,7 +323,7 @@ void Moe::swiglu_rows_forward(const Compute& c, const std::vector<std::int64_t>&
     const auto e = static_cast<std::size_t>(first + l);
     blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(w2_[e]), row_range(y, r0, n));
   }
-  c.store(y);
+  c.store(row_range(y, 0, rows));
 }
 
 void Moe::swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>& offset,
@@ -316,9 +339,11 @@ void Moe::swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>
     blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n), c.weight(w2_[e]),
                           row_range(dg, r0, n), c.grad(w2_[e]));
   }
-  kernels::swiglu_backward(c.ctx, dg, h1, h3, h1, h3);
-  c.store(h1);
-  c.store(h3);
+  const std::int64_t rows = offset.back();
+  const Tensor h1r = row_range(h1, 0, rows), h3r = row_range(h3, 0, rows);
+  kernels::swiglu_backward(c.ctx, row_range(dg, 0, rows), h1r, h3r, h1r, h3r);
+  c.store(h1r);
+  c.store(h3r);
   for (std::int64_t l = 0; l < experts; ++l) {
     const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
                        n = offset[static_cast<std::size_t>(l + 1)] - r0;
@@ -328,6 +353,40 @@ void Moe::swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>
     blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(w1_[e]), dx, c.grad(w1_[e]));
     blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(w3_[e]), dx, c.grad(w3_[e]),
                           true);
+  }
+}
+
+void Moe::check_expert_nodes(const std::vector<std::int32_t>& expert_node) const {
+  if (!expert_node.empty() && static_cast<std::int64_t>(expert_node.size()) != E_)
+    throw Error("model: node map of " + std::to_string(expert_node.size()) + " experts for " +
+                prefix_ + "gate's " + std::to_string(E_));
+  RouterShape next = shape_;
+  next.expert_node = expert_node;
+  const std::int64_t nodes = next.nodes();
+  std::vector<std::int64_t> per_node(static_cast<std::size_t>(nodes), 0);
+  for (std::int32_t n : expert_node) {
+    if (n < 0) throw Error("model: negative node id in the routed experts' node map");
+    ++per_node[static_cast<std::size_t>(n)];
+  }
+  for (std::int64_t j = 0; j < nodes && !expert_node.empty(); ++j)
+    if (per_node[static_cast<std::size_t>(j)] == 0)
+      throw Error("model: node " + std::to_string(j) + " of " + std::to_string(nodes) +
+                  " holds no routed expert (node ids must be 0 .. nodes - 1)");
+  if (next.node_limited() && next.top_groups < next.groups)
+    throw Error(
+        "model: node-limited routing (model.moe.max_nodes_per_token) does not combine "
+        "with group-limited routing (model.topk_group < model.n_group)");
+  if (next.node_limited()) {
+    // The M smallest nodes must still hold top-k experts.
+    std::sort(per_node.begin(), per_node.end());
+    std::int64_t fewest = 0;
+    for (std::int64_t j = 0; j < next.max_nodes; ++j)
+      fewest += per_node[static_cast<std::size_t>(j)];
+    if (fewest < K_)
+      throw Error("model.moe.max_nodes_per_token (" + std::to_string(next.max_nodes) + ") of the " +
+                  std::to_string(nodes) + " nodes the routed experts lie on holds " +
+                  std::to_string(fewest) + " experts, fewer than model.num_experts_per_tok (" +
+                  std::to_string(K_) + ")");
   }
 }
 

@@ -5,7 +5,11 @@
 /// with n_shared_experts shared experts as one SwiGLU of width n_shared x
 /// moe_intermediate_size (an Mlp), n_routed_experts routed SwiGLU experts of width
 /// moe_intermediate_size, and the router of moe_router.hpp choosing the top-k experts
-/// i_k and their weights w_k per token. Dropless: every token reaches its k experts.
+/// i_k and their weights w_k per token. Dropless by default: every token reaches its k
+/// experts; with model.moe.capacity_factor f > 0 each expert takes at most ceil(f N K / E)
+/// rows of the N tokens of a forward (apply_capacity), decided on each rank before any
+/// dispatch: a dropped row is neither computed nor sent, its output is 0 (its weight acts
+/// as 0, forward and backward), and the token keeps its shared experts and residual.
 /// The routed products are grouped: the N*K (token, slot) rows are sorted by expert
 /// (sort_by_expert) and each expert runs one product over its rows.
 ///
@@ -46,6 +50,7 @@ struct MoeRouting {
   std::vector<float> d_scores;    // (N, E) backward: the balance loss's score gradient
   ExpertRows rows;                // the grouped products' rows
   std::vector<double> load;       // (E) tokens routed to each expert since the last reset
+  double dropped = 0.0;           // rows dropped by the capacity since the last reset
   double aux_loss = 0.0;          // the last forward's balance loss (summed over sequences)
   ExpertDispatch dispatch;        // expert parallelism: the last forward's exchange
 };
@@ -112,6 +117,11 @@ class Moe {
   /// from `load` (E) counted over the whole batch. Nothing without a bias (softmax).
   void update_bias(const ParamStore& params, const std::vector<double>& load, double rate) const;
   std::int64_t experts() const { return E_; }
+  /// Checks a node map for node-limited routing (Compute::expert_node: the node of each
+  /// routed expert; empty: one node): throws dst::Error if it has not E entries, if the
+  /// ids are not 0 .. nodes - 1 each used, or if model.moe.max_nodes_per_token of the
+  /// nodes cannot hold top-k experts.
+  void check_expert_nodes(const std::vector<std::int32_t>& expert_node) const;
   bool has_bias() const { return shape_.score == config::MoeScore::sigmoid; }
   /// The correction bias's parameter index (has_bias() only).
   std::size_t bias_index() const { return bias_; }
@@ -144,6 +154,7 @@ class Moe {
   std::int64_t C_, E_, K_, I_, S_;
   RouterShape shape_;
   double aux_alpha_;
+  double capacity_factor_;
   float out_std_;
   Mlp shared_;
   std::vector<std::size_t> w1_, w3_, w2_;  // (E) the routed experts' parameters

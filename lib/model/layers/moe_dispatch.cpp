@@ -1,5 +1,8 @@
 #include "model/layers/moe_dispatch.hpp"
 
+#include <unistd.h>
+
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -8,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
+#include "model/layers/moe_router.hpp"
 
 namespace dst::model {
 
@@ -142,6 +146,39 @@ void ExpertDispatch::combine(ExpertParallel& ep, const float* in, float* rows_ou
         stage.data() + static_cast<std::size_t>(source_row[static_cast<std::size_t>(i)]) * w,
         in + static_cast<std::size_t>(i) * w, w * sizeof(float));
   ep.exchange_rows(stage.data(), recv_rows, rows_out, send_rows, width);
+}
+
+}  // namespace dst::model
+
+namespace dst::model {
+
+std::vector<std::int32_t> expert_nodes(std::int64_t experts, std::int64_t pretend,
+                                       comm::Communicator* group) {
+  if (pretend > 0) return equal_expert_nodes(experts, pretend);
+  if (group == nullptr || group->size() <= 1) return {};
+  const auto P = static_cast<std::size_t>(group->size());
+  if (experts % static_cast<std::int64_t>(P) != 0)
+    throw Error("model: " + std::to_string(experts) + " routed experts over an expert group of " +
+                std::to_string(P) + " ranks");
+  constexpr std::size_t kName = 256;  // host names are at most 255 bytes (POSIX)
+  std::array<std::uint8_t, kName> mine{};
+  if (gethostname(reinterpret_cast<char*>(mine.data()), kName - 1) != 0)
+    throw Error("model: gethostname failed (node-limited routing's node map)");
+  std::vector<std::uint8_t> all(P * kName);
+  group->allgather(mine.data(), all.data(), kName, DType::u8);
+  std::vector<std::int32_t> node_of_rank(P, -1);
+  std::int32_t nodes = 0;
+  for (std::size_t p = 0; p < P; ++p) {
+    for (std::size_t q = 0; q < p && node_of_rank[p] < 0; ++q)
+      if (std::memcmp(&all[p * kName], &all[q * kName], kName) == 0)
+        node_of_rank[p] = node_of_rank[q];
+    if (node_of_rank[p] < 0) node_of_rank[p] = nodes++;
+  }
+  const std::int64_t L = experts / static_cast<std::int64_t>(P);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(experts));
+  for (std::int64_t e = 0; e < experts; ++e)
+    out[static_cast<std::size_t>(e)] = node_of_rank[static_cast<std::size_t>(e / L)];
+  return out;
 }
 
 }  // namespace dst::model

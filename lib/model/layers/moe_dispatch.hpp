@@ -74,6 +74,15 @@ class ExpertParallel {
   bool hang_ = false;
 };
 
+/// Node-limited routing's node map (model.moe.max_nodes_per_token): the node of each of
+/// `experts` routed experts. `pretend` > 0 (debug.expert_nodes): `pretend` equal nodes in
+/// expert order, whatever the hosts. Else, with an expert group `group` of P > 1 ranks,
+/// rank p's experts [p L, (p+1) L) lie on its host's node, nodes numbered by their first
+/// rank in the group (an all-gather of the host names, collective over `group`, with its
+/// deadline). Else (no group, or one rank): every expert on one node, returned empty.
+std::vector<std::int32_t> expert_nodes(std::int64_t experts, std::int64_t pretend,
+                                       comm::Communicator* group);
+
 /// The dispatch of one MoE layer's last forward, kept for its backward (host memory).
 struct ExpertDispatch {
   std::int64_t P = 1, L = 0;               ///< group size, experts per rank

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
+
+#include "core/error.hpp"
 
 namespace dst::model {
 
@@ -16,7 +19,25 @@ RouterShape RouterShape::of(const config::ModelSection& m) {
   r.norm_topk = m.norm_topk_prob;
   r.scaling = static_cast<float>(m.routed_scaling_factor);
   r.score = m.moe.score;
+  r.max_nodes = m.moe.max_nodes_per_token;
   return r;
+}
+
+std::int64_t RouterShape::nodes() const {
+  std::int32_t most = 0;
+  for (std::int32_t n : expert_node)
+    most = std::max(most, n);
+  return static_cast<std::int64_t>(most) + 1;
+}
+
+std::vector<std::int32_t> equal_expert_nodes(std::int64_t experts, std::int64_t nodes) {
+  if (nodes < 1 || experts % nodes != 0)
+    throw Error("model: " + std::to_string(experts) + " routed experts cannot be split over " +
+                std::to_string(nodes) + " equal nodes");
+  std::vector<std::int32_t> out(static_cast<std::size_t>(experts));
+  for (std::int64_t e = 0; e < experts; ++e)
+    out[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(e / (experts / nodes));
+  return out;
 }
 
 namespace {
@@ -39,6 +60,14 @@ void route_forward(const RouterShape& r, std::int64_t n, const float* logits, co
   const std::int64_t E = r.experts, K = r.top_k, G = r.groups, per_group = E / G;
   std::vector<float> choice(static_cast<std::size_t>(E)), group_score(static_cast<std::size_t>(G));
   std::vector<std::int32_t> top, top_groups;
+  // Node-limited routing: each node's experts and its score's share of top-k.
+  const bool node_limit = r.node_limited();
+  const std::int64_t nodes = node_limit ? r.nodes() : 1;
+  const std::int64_t per_node_best =
+      std::max<std::int64_t>(1, r.max_nodes > 0 ? K / r.max_nodes : 1);
+  std::vector<std::vector<float>> node_choice(static_cast<std::size_t>(nodes));
+  std::vector<float> node_score(static_cast<std::size_t>(nodes));
+  std::vector<std::int32_t> top_nodes;
   for (std::int64_t t = 0; t < n; ++t) {
     const float* l = logits + t * E;
     float* s = scores + t * E;
@@ -71,6 +100,33 @@ void route_forward(const RouterShape& r, std::int64_t n, const float* logits, co
         kept[g] = true;
       for (std::int64_t e = 0; e < E; ++e)
         if (!kept[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();
+    }
+    if (node_limit) {
+      for (auto& v : node_choice)
+        v.clear();
+      for (std::int64_t e = 0; e < E; ++e)
+        node_choice[static_cast<std::size_t>(r.expert_node[static_cast<std::size_t>(e)])].push_back(
+            choice[e]);
+      for (std::int64_t j = 0; j < nodes; ++j) {
+        const std::vector<float>& c = node_choice[static_cast<std::size_t>(j)];
+        const auto m = static_cast<std::int64_t>(c.size());
+        if (r.score == config::MoeScore::sigmoid) {  // V3: the sum of the node's K/M best
+          top_indices(c.data(), m, std::min(per_node_best, m), top);
+          float sum = 0.0f;
+          for (std::int32_t i : top)
+            sum += c[static_cast<std::size_t>(i)];
+          node_score[static_cast<std::size_t>(j)] = sum;
+        } else {  // V2 (device-limited): the node's best
+          node_score[static_cast<std::size_t>(j)] = *std::max_element(c.begin(), c.end());
+        }
+      }
+      top_indices(node_score.data(), nodes, r.max_nodes, top_nodes);
+      std::vector<bool> kept(static_cast<std::size_t>(nodes), false);
+      for (std::int32_t j : top_nodes)
+        kept[static_cast<std::size_t>(j)] = true;
+      for (std::int64_t e = 0; e < E; ++e)
+        if (!kept[static_cast<std::size_t>(r.expert_node[static_cast<std::size_t>(e)])])
+          choice[e] = -std::numeric_limits<float>::infinity();
     }
     top_indices(choice.data(), E, K, top);
     float sum = 0.0f;
@@ -165,6 +221,7 @@ double seq_aux_loss(const RouterShape& r, std::int64_t B, std::int64_t T, double
 void sort_by_expert(std::int64_t n, std::int64_t k, std::int64_t experts, const std::int32_t* idx,
                     ExpertRows& out) {
   out.offset.assign(static_cast<std::size_t>(experts + 1), 0);
+  out.dropped = 0;
   out.token.resize(static_cast<std::size_t>(n * k));
   out.row.resize(static_cast<std::size_t>(n * k));
   for (std::int64_t i = 0; i < n * k; ++i)
@@ -178,6 +235,66 @@ void sort_by_expert(std::int64_t n, std::int64_t k, std::int64_t experts, const 
       out.token[static_cast<std::size_t>(row)] = static_cast<std::int32_t>(t);
       out.row[static_cast<std::size_t>(t * k + j)] = static_cast<std::int32_t>(row);
     }
+}
+
+std::int64_t expert_capacity(double factor, std::int64_t n, std::int64_t k, std::int64_t experts) {
+  if (!(factor > 0.0)) return -1;
+  return static_cast<std::int64_t>(std::ceil(
+      factor * static_cast<double>(n) * static_cast<double>(k) / static_cast<double>(experts)));
+}
+
+std::int64_t apply_capacity(std::int64_t n, std::int64_t k, std::int64_t experts,
+                            const float* scores, std::int64_t capacity, ExpertRows& rows) {
+  rows.dropped = 0;
+  if (capacity < 0) return 0;
+  const std::int64_t R = n * k, E = experts;
+  bool over = false;
+  for (std::int64_t e = 0; e < E && !over; ++e)
+    over = rows.offset[static_cast<std::size_t>(e + 1)] - rows.offset[static_cast<std::size_t>(e)] >
+           capacity;
+  if (!over) return 0;  // the layout stays sort_by_expert's, bit for bit
+  // Which rows each expert keeps: the `capacity` best scores, ties to the lower token.
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(R), 1);
+  std::vector<std::int64_t> order;
+  std::vector<std::int64_t> kept_offset(static_cast<std::size_t>(E + 1), 0);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int64_t r0 = rows.offset[static_cast<std::size_t>(e)],
+                       count = rows.offset[static_cast<std::size_t>(e + 1)] - r0;
+    kept_offset[static_cast<std::size_t>(e + 1)] =
+        kept_offset[static_cast<std::size_t>(e)] + std::min(count, capacity);
+    if (count <= capacity) continue;
+    order.resize(static_cast<std::size_t>(count));
+    std::iota(order.begin(), order.end(), r0);
+    const auto score = [&](std::int64_t row) {
+      return scores[static_cast<std::int64_t>(rows.token[static_cast<std::size_t>(row)]) * E + e];
+    };
+    // Rows are tokens ascending within an expert: the lower row is the lower token.
+    std::nth_element(order.begin(), order.begin() + capacity, order.end(),
+                     [&](std::int64_t a, std::int64_t b) {
+                       const float sa = score(a), sb = score(b);
+                       return sa > sb || (sa == sb && a < b);
+                     });
+    for (auto it = order.begin() + capacity; it != order.end(); ++it)
+      keep[static_cast<std::size_t>(*it)] = 0;
+  }
+  // New positions: kept rows first (expert order, tokens ascending), then the dropped.
+  std::vector<std::int32_t> moved(static_cast<std::size_t>(R)), token(static_cast<std::size_t>(R));
+  std::int64_t next_dropped = kept_offset[static_cast<std::size_t>(E)];
+  for (std::int64_t e = 0; e < E; ++e) {
+    std::int64_t next_kept = kept_offset[static_cast<std::size_t>(e)];
+    for (std::int64_t r = rows.offset[static_cast<std::size_t>(e)];
+         r < rows.offset[static_cast<std::size_t>(e + 1)]; ++r) {
+      const std::int64_t to = keep[static_cast<std::size_t>(r)] ? next_kept++ : next_dropped++;
+      moved[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(to);
+      token[static_cast<std::size_t>(to)] = rows.token[static_cast<std::size_t>(r)];
+    }
+  }
+  rows.token.swap(token);
+  for (std::int32_t& r : rows.row)
+    r = moved[static_cast<std::size_t>(r)];
+  rows.offset.swap(kept_offset);
+  rows.dropped = R - rows.offset[static_cast<std::size_t>(E)];
+  return rows.dropped;
 }
 
 }  // namespace dst::model

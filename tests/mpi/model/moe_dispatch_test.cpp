@@ -4,7 +4,9 @@
 // outputs and input gradients, the same expert gradients once summed over the ranks (the
 // experts a rank does not own keep zero gradients), with ordinary routing, with every
 // token sent to one expert (the others receive none), and row counts that match the
-// gate's choices.
+// gate's choices. With an expert capacity (model.moe.capacity_factor): the same rows
+// dropped with and without the group, a dropped row's contribution and gradients exactly
+// nothing; the node map of node-limited routing from the group's hosts or the test split.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -38,7 +40,7 @@ using dst::test::world_size;
 
 constexpr std::int64_t kB = 2, kT = 12, kN = kB * kT;
 
-dst::config::ModelSection model_section(int top_k) {
+dst::config::ModelSection model_section(int top_k, double capacity_factor) {
   // tiny-moe's routing (sigmoid scores, a correction bias, top-k normalised and scaled),
   // small: C 32, 4 routed experts of width 16 and one shared expert.
   const std::string deck =
@@ -46,7 +48,8 @@ dst::config::ModelSection model_section(int top_k) {
       "  num_experts_per_tok: " +
       std::to_string(top_k) +
       "\n  moe_intermediate_size: 16\n  n_shared_experts: 1\n"
-      "  n_group: 1\n  topk_group: 1\n";
+      "  n_group: 1\n  topk_group: 1\n  moe:\n    capacity_factor: " +
+      std::to_string(capacity_factor) + "\n";
   return dst::config::load_deck_text(deck, "moe_dispatch_test").model;
 }
 
@@ -60,8 +63,10 @@ struct Layer {
   MoeScratch s;
   std::vector<float> x, dout, out, dx;
 
-  explicit Layer(int top_k)
-      : m(model_section(top_k)), moe("mlp.", m, 0.02f), ps(specs(moe), Arena::Mode::allocate) {
+  explicit Layer(int top_k, double capacity_factor = 0.0)
+      : m(model_section(top_k, capacity_factor)),
+        moe("mlp.", m, 0.02f),
+        ps(specs(moe), Arena::Mode::allocate) {
     moe.bind(ps);
     ps.initialize(7);
     // Plan, then allocate exactly.
@@ -161,7 +166,12 @@ void expect_same_as_alone(Layer& layer, ExpertParallel& ep) {
 
   // Counts: each local expert received exactly the rows the whole group's gates chose it
   // for; every token's weights sum to the routed scaling factor (normalised top-k).
-  std::vector<double> global_load = load_ref;
+  // The rows the experts compute: the router's choices less the capacity's drops.
+  const dst::model::ExpertRows& rows = layer.a.routing->rows;
+  std::vector<double> global_load(load_ref.size());
+  for (std::size_t e = 0; e < global_load.size(); ++e)
+    global_load[e] = static_cast<double>(rows.offset[e + 1] - rows.offset[e]);
+  if (rows.dropped == 0) EXPECT_EQ(global_load, load_ref);
   MPI_Allreduce(MPI_IN_PLACE, global_load.data(), static_cast<int>(global_load.size()), MPI_DOUBLE,
                 MPI_SUM, MPI_COMM_WORLD);
   const dst::model::ExpertDispatch& d = layer.a.routing->dispatch;
@@ -231,6 +241,108 @@ TEST_F(MoeDispatch, GroupOfOneIsTheLayerAloneBitForBit) {
   EXPECT_EQ(layer.dx, dx);
   EXPECT_EQ(layer.grads(), g);
   EXPECT_EQ(alone.traffic().exchanges, 0);
+}
+
+TEST_F(MoeDispatch, CapacityDropsTheSameRowsWithAndWithoutTheGroup) {
+  // capacity_factor 0.5: ceil(0.5 x 24 x 2 / 4) = 6 rows per expert of the 12 an even
+  // share would give; the drops are decided on each rank before the dispatch.
+  Layer layer(2, 0.5);
+  layer.run(nullptr);
+  const dst::model::ExpertRows alone = layer.a.routing->rows;
+  EXPECT_GT(alone.dropped, 0);
+  EXPECT_EQ(alone.offset.back() + alone.dropped, kN * 2);
+  for (std::size_t e = 0; e + 1 < alone.offset.size(); ++e)
+    EXPECT_LE(alone.offset[e + 1] - alone.offset[e], 6);
+  std::fill(layer.a.routing->load.begin(), layer.a.routing->load.end(), 0.0);
+  expect_same_as_alone(layer, ep);
+  EXPECT_EQ(layer.a.routing->rows.token, alone.token);
+  EXPECT_EQ(layer.a.routing->rows.row, alone.row);
+}
+
+TEST_F(MoeDispatch, ADroppedRowContributesNothing) {
+  const std::int64_t K = 2;
+  Layer cap(2, 0.5), free(2);  // the same parameters (seed 7) and tokens
+  cap.run(&ep);
+  free.run(&ep);
+  const dst::model::MoeRouting& rc = *cap.a.routing;
+  const dst::model::MoeRouting& rf = *free.a.routing;
+  ASSERT_EQ(rc.idx, rf.idx);  // the capacity does not change the choice
+  ASSERT_GT(rc.rows.dropped, 0);
+  const std::int64_t C = cap.m.d_model, kept = rc.rows.offset.back();
+  const float* yf = free.a.y.ptr<float>();
+  const float* yc = cap.a.y.ptr<float>();
+  // Forward: the dropless output less the capacity's = the dropped slots' w_k y_k, each
+  // dropped row's output 0. Backward: a dropped slot's weight has no gradient.
+  std::int64_t t_dropped = -1, e_dropped = -1;
+  for (std::int64_t t = 0; t < kN; ++t) {
+    std::vector<double> missing(static_cast<std::size_t>(C), 0.0);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int32_t row = rc.rows.row[static_cast<std::size_t>(t * K + k)];
+      if (row < kept) continue;
+      t_dropped = t;
+      e_dropped = rc.idx[static_cast<std::size_t>(t * K + k)];
+      EXPECT_EQ(rc.d_weights[static_cast<std::size_t>(t * K + k)], 0.0f);
+      const std::int64_t free_row = rf.rows.row[static_cast<std::size_t>(t * K + k)];
+      for (std::int64_t i = 0; i < C; ++i) {
+        EXPECT_EQ(yc[row * C + i], 0.0f);
+        missing[static_cast<std::size_t>(i)] +=
+            static_cast<double>(rf.weights[static_cast<std::size_t>(t * K + k)]) *
+            yf[free_row * C + i];
+      }
+    }
+    for (std::int64_t i = 0; i < C; ++i) {
+      const std::size_t at = static_cast<std::size_t>(t * C + i);
+      EXPECT_NEAR(free.out[at] - cap.out[at], missing[static_cast<std::size_t>(i)], 1e-6)
+          << "token " << t << " channel " << i;
+    }
+  }
+  ASSERT_GE(t_dropped, 0);
+  // Only the token of a dropped row has an output gradient, on this rank alone (no other
+  // rank's tokens reach its experts): the dropped row's expert gets no gradient with the
+  // capacity, some without (the same row computed).
+  for (Layer* l : {&cap, &free}) {
+    std::fill(l->dout.begin(), l->dout.end(), 0.0f);
+    for (std::int64_t i = 0; i < C; ++i)
+      l->dout[static_cast<std::size_t>(t_dropped * C + i)] = 1.0f;
+    l->run(nullptr);
+  }
+  for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
+    const std::string name = "mlp.experts." + std::to_string(e_dropped) + "." + w + ".weight";
+    const Tensor g_cap = cap.ps.grad(name), g_free = free.ps.grad(name);
+    const float* pc = g_cap.ptr<float>();
+    const float* pf = g_free.ptr<float>();
+    EXPECT_TRUE(std::all_of(pc, pc + g_cap.numel(), [](float v) { return v == 0.0f; }))
+        << name << ": the dropped row's expert has a gradient";
+    EXPECT_FALSE(std::all_of(pf, pf + g_free.numel(), [](float v) { return v == 0.0f; }))
+        << name << ": without the capacity, the row's expert has none";
+  }
+}
+
+TEST_F(MoeDispatch, NodeMapOfTheExpertGroup) {
+  // The test ranks share one host: one node, whatever the group (empty without one).
+  const std::vector<std::int32_t> hosts = dst::model::expert_nodes(8, 0, &group);
+  if (ep.size() > 1)
+    EXPECT_EQ(hosts, std::vector<std::int32_t>(8, 0));
+  else
+    EXPECT_TRUE(hosts.empty());
+  EXPECT_TRUE(dst::model::expert_nodes(8, 0, nullptr).empty());
+  // debug.expert_nodes: equal nodes in expert order, without any exchange.
+  EXPECT_EQ(dst::model::expert_nodes(8, 4, nullptr),
+            (std::vector<std::int32_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+  // A map whose M smallest nodes cannot hold top-k experts is refused, naming the key.
+  dst::config::ModelSection m = model_section(2, 0.0);
+  m.moe.max_nodes_per_token = 1;
+  const Moe moe("mlp.", m, 0.02f);
+  try {
+    moe.check_expert_nodes({0, 1, 2, 3});  // one expert a node, top-2 from one node
+    ADD_FAILURE() << "no error";
+  } catch (const dst::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.moe.max_nodes_per_token"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(moe.check_expert_nodes({0, 0, 1, 1}));
+  EXPECT_THROW(moe.check_expert_nodes({0, 0, 2, 2}), dst::Error);  // node 1 holds none
+  EXPECT_THROW(moe.check_expert_nodes({0, 0, 1}), dst::Error);     // 3 entries for 4 experts
 }
 
 TEST_F(MoeDispatch, ExpertsNotDividedByTheGroupAreRefused) {

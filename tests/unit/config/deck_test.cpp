@@ -351,6 +351,50 @@ TEST(DeckErrors, ExpertParallelism) {
   EXPECT_EQ(dst::config::resolve_layout(load("model: {preset: tiny-moe}\n"), 2).expert, 1);
 }
 
+// The experts' capacity (model.moe.capacity_factor): finite, >= 0, for an MoE model.
+TEST(DeckErrors, MoeCapacityFactor) {
+  EXPECT_EQ(load("model: {preset: tiny-moe}\n").model.moe.capacity_factor, 0.0);
+  EXPECT_EQ(
+      load("model: {preset: tiny-moe, moe: {capacity_factor: 1.25}}\n").model.moe.capacity_factor,
+      1.25);
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, moe: {capacity_factor: -1}}\n"),
+                       "model.moe.capacity_factor"));
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, moe: {capacity_factor: .nan}}\n"),
+                       "model.moe.capacity_factor"));
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, moe: {capacity_factor: .inf}}\n"),
+                       "model.moe.capacity_factor"));
+  EXPECT_TRUE(Contains(load_error("model:\n  moe:\n    capacity_factor: 1.0\n"),
+                       "model.moe.capacity_factor needs a DeepSeekMoE model"));
+}
+
+// Node-limited routing (model.moe.max_nodes_per_token) and its test node map
+// (debug.expert_nodes).
+TEST(DeckErrors, NodeLimitedRouting) {
+  const RunConfig c =
+      load("model: {preset: tiny-moe, moe: {max_nodes_per_token: 2}}\ndebug: {expert_nodes: 4}\n");
+  EXPECT_EQ(c.model.moe.max_nodes_per_token, 2);
+  EXPECT_EQ(c.debug.expert_nodes, 4);
+  EXPECT_TRUE(Contains(load_error("model:\n  moe:\n    max_nodes_per_token: 4\n"),
+                       "model.moe.max_nodes_per_token 4 needs a DeepSeekMoE model"));
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, moe: {max_nodes_per_token: -1}}\n"),
+                       "model.moe.max_nodes_per_token"));
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, n_group: 4, topk_group: 2, moe: "
+                                  "{max_nodes_per_token: 2}}\n"),
+                       "model.moe.max_nodes_per_token 2 and group-limited routing "
+                       "(model.topk_group 2 of model.n_group 4 groups) are not combined"));
+  EXPECT_EQ(load("model: {preset: tiny-moe, n_group: 4, topk_group: 4, moe: "
+                 "{max_nodes_per_token: 2}}\n")
+                .model.moe.max_nodes_per_token,
+            2);
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\ndebug: {expert_nodes: 3}\n"),
+                       "debug.expert_nodes (3) does not divide model.n_routed_experts (8)"));
+  // tiny-moe: top-2 of 8 experts; 1 node of 8 / 8 = 1 expert cannot hold 2.
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, moe: {max_nodes_per_token: 1}}\n"
+                                  "debug: {expert_nodes: 8}\n"),
+                       "is fewer than model.num_experts_per_tok (2)"));
+  EXPECT_TRUE(Contains(load_error("debug: {expert_nodes: 2}\n"), "debug.expert_nodes"));
+}
+
 // ZeRO: stages 0-2, typed in the resolved deck; the NCCL back end has no shard
 // collectives yet, so the deck refuses the pair, naming the stage.
 TEST(DeckErrors, ZeroStageIsZeroToTwoAndNotWithNccl) {
@@ -808,12 +852,14 @@ const std::vector<std::string> kEveryKeyChanged = {
     "model.moe_intermediate_size=64",
     "model.first_k_dense_replace=1",
     "model.n_group=4",
-    "model.topk_group=2",
+    "model.topk_group=4",  // every group kept: node-limited routing composes with it
     "model.norm_topk_prob=false",
     "model.routed_scaling_factor=2.5",
     "model.moe.score=softmax",
     "model.moe.bias_update_rate=0",  // a moving bias with bf16 and zero_stage 2 is refused
     "model.moe.seq_aux_loss_alpha=0.001",
+    "model.moe.capacity_factor=1.5",
+    "model.moe.max_nodes_per_token=2",
     "model.mtp_depth=1",
     "model.mtp_loss_weight=0.5",
     "data.train=data/train-[0-9]*.h5",
@@ -875,6 +921,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "debug.inject_read_delay_ms=20",
     "debug.inject_straggler_rank=1",
     "debug.inject_straggler_ms=250",
+    "debug.expert_nodes=4",
 };
 
 TEST(DeckYaml, OverrideListCoversEverySchemaKey) {
@@ -923,9 +970,9 @@ TEST(DeckYaml, EqualityCoversEveryKey) {
       continue;
     // Keys whose default is invalid beside the others: latent attention's shape without
     // its rank or RoPE/value dims, MoE without its top-k or expert width, topk_group 2
-    // with one group, top-3 from one kept group of 2, a moving MoE bias with bf16 and
-    // zero_stage 2, the blocks per stage without their n_layers, expert parallelism
-    // without routed experts.
+    // with one group, top-3 from one kept group of 2 (topk_group 1), a moving MoE bias with bf16
+    // and zero_stage 2, the blocks per stage without their n_layers, expert parallelism without
+    // routed experts.
     const bool pairs_up = [&] {
       for (const char* k : {"model.kv_lora_rank", "model.qk_rope_head_dim", "model.v_head_dim",
                             "model.num_experts_per_tok", "model.moe_intermediate_size",

@@ -369,3 +369,39 @@ TEST(Plan, ExpertParallelismPlansTheAllToAllPerMoeLayer) {
   EXPECT_EQ(q.alltoall_bytes_per_moe_layer, 0.0);
   EXPECT_DOUBLE_EQ(p.comm_bytes_per_step - q.comm_bytes_per_step, blocks * per_layer);
 }
+
+// Node-limited routing: the bound on a token's nodes, min(M, top-k, nodes), and the
+// cross-node bytes per MoE layer: every row sent, (n-1)/n of them across nodes at balanced
+// load, against M copies of a token for a dispatch that sends a token once per node. The
+// capacity: ceil(f x micro x T x top-k / E) rows per expert.
+TEST(Plan, NodeLimitedRoutingAndCapacity) {
+  const dst::config::RunConfig c = dst::config::load_deck_text(
+      "model: {preset: tiny-moe, moe: {max_nodes_per_token: 1, capacity_factor: 1.25}}\n"
+      "data: {seq_len: 64}\ntraining: {micro_batch_size: 2, global_batch_size: 16}\n"
+      "parallel: {expert: 4}\ndebug: {expert_nodes: 2}\n",
+      "plan_test");
+  const dst::config::Layout four = dst::config::resolve_layout(c, 4);  // accumulation 2
+  const auto p = dst::model::make_plan(c, four);
+  EXPECT_EQ(p.expert_capacity, 40);  // ceil(1.25 x 128 x 2 / 8)
+  EXPECT_EQ(p.expert_nodes, 2);
+  EXPECT_EQ(p.token_nodes, 1);
+  const double row = static_cast<double>(c.model.d_model) * 4, tokens = 2.0 * 64;
+  EXPECT_DOUBLE_EQ(p.cross_node_bytes_per_moe_layer, 4.0 * 2 * tokens * 2 * 0.5 * row);
+  EXPECT_DOUBLE_EQ(p.cross_node_dedup_bound_per_moe_layer, 4.0 * 2 * tokens * 1 * row);
+  // The host kind's ranks per node (cpu: one VM): 4 expert ranks on one node, no
+  // cross-node traffic; dropless and no limit: nothing planned.
+  dst::config::RunConfig hosts = c;
+  hosts.debug.expert_nodes = 0;
+  dst::model::PlanOptions h100;
+  h100.host = "h100";  // 8 ranks a node
+  const auto q = dst::model::make_plan(hosts, four, h100);
+  EXPECT_EQ(q.expert_nodes, 1);
+  EXPECT_EQ(q.token_nodes, 1);
+  EXPECT_EQ(q.cross_node_bytes_per_moe_layer, 0.0);
+  dst::config::RunConfig plain = c;
+  plain.model.moe = dst::config::MoeSection{};
+  plain.debug.expert_nodes = 0;
+  const auto r = dst::model::make_plan(plain, four);
+  EXPECT_EQ(r.expert_capacity, -1);
+  EXPECT_EQ(r.token_nodes, 0);
+}
