@@ -510,7 +510,6 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
   if (m.mtp_depth > 0)
     refuse("model.mtp_depth",
            "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
-  if (m.tie_embeddings) refuse("model.tie_embeddings", "model.tie_embeddings");
   if (c.kernels.backend == KernelsBackend::cuda)
     refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
   if (c.parallel.backend == ParallelBackend::nccl)

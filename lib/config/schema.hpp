@@ -393,7 +393,7 @@ void visit_parallel(V& v, S&... s) {
                "vocabulary; docs/performance.md, \"tensor parallelism\"). Divides "
                "model.n_heads, n_kv_heads, ffn_dim and vocab_size. The world is pipeline x "
                "data x tensor ranks. Dense decoder on host memory only for now: not with "
-               "latent attention, DeepSeekMoE, the MTP module, tied embeddings, kernels.backend "
+               "latent attention, DeepSeekMoE, the MTP module, kernels.backend "
                "cuda or parallel.backend nccl.")
               .at_least(1)
               .at_most(kIntMax),

@@ -591,10 +591,18 @@ StepStats Trainer::step() {
   st.t_optimizer = since(t0) - gathered_s;
   st.t_comm += gathered_s;
   if (faults_.diverges_after(step_)) {  // the consistency check must see it
+    // The first parameter; with tensor slices, the first tensor they all hold whole (a
+    // norm), which the check compares across the slices.
+    std::size_t at = 0;
+    for (std::size_t i = 0; tensor_ > 1 && i < ps.size(); ++i)
+      if (ps.spec(i).split == model::Split::replicated) {
+        at = ps.spec(i).offset;
+        break;
+      }
     float first = 0.0f;
-    tensor::copy(ctx_, &first, ps.params_data(), sizeof first);
+    tensor::copy(ctx_, &first, ps.params_data() + at, sizeof first);
     first += 1e-3f;
-    tensor::copy(ctx_, ps.params_data(), &first, sizeof first);
+    tensor::copy(ctx_, ps.params_data() + at, &first, sizeof first);
   }
   ++step_;
   st.seconds = since(t_step);
@@ -1154,6 +1162,52 @@ Trainer::WorkSpread Trainer::work_spread(const std::vector<double>& work_s,
                     step_spread(work_s, comm_s, max_work, min_work)};
 }
 
+void Trainer::check_replicated_across_slices(const std::vector<std::uint64_t>& mine) {
+  // The tensors every slice holds whole (the norms) must be equal across the tensor group:
+  // each slice computes their gradients from the same whole activations. The lowest
+  // tensor of the whole model that differs in any group, and the world ranks whose copy
+  // differs from their group's slice 0 there (two all-reduces over every rank, so that
+  // every rank stops alike).
+  const auto& ps = model_->params();
+  const std::size_t P = ps.size();
+  const auto T = static_cast<std::size_t>(tensor_);
+  std::vector<std::uint64_t> all(P * T);
+  groups_.tensor->allgather(mine.data(), all.data(), P, DType::u64);
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  std::int64_t first = kNone;
+  for (std::size_t i = 0; i < P && first == kNone; ++i) {
+    if (ps.spec(i).split != model::Split::replicated) continue;
+    for (std::size_t r = 1; r < T; ++r)
+      if (all[r * P + i] != all[i])
+        first = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
+  }
+  groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
+  if (first == kNone) return;
+  const std::string name = full_layout_->spec(static_cast<std::size_t>(first)).name;
+  std::vector<std::int64_t> differs(static_cast<std::size_t>(groups_.world->size()), 0);
+  std::int64_t reference = kNone;  // the world rank of slice 0 in the lowest such group
+  if (groups_.tensor_rank == 0) {
+    std::size_t i = P;
+    for (std::size_t k = 0; k < P; ++k)
+      if (ps.spec(k).name == name) i = k;
+    bool any = false;
+    for (std::size_t r = 1; i < P && r < T; ++r)
+      if (all[r * P + i] != all[i]) {
+        differs[static_cast<std::size_t>(groups_.world->rank()) + r] = 1;
+        any = true;
+      }
+    if (any) reference = groups_.world->rank();
+  }
+  groups_.world->allreduce(differs.data(), differs.size(), DType::i64, comm::ReduceOp::max);
+  groups_.world->allreduce(&reference, 1, DType::i64, comm::ReduceOp::min);
+  std::ostringstream os;
+  os << "parameters differ between the tensor slices at step " << step_ << ": tensor " << name
+     << " (held whole by every slice) differs from rank " << reference << "'s on rank";
+  for (std::size_t r = 0; r < differs.size(); ++r)
+    if (differs[r] != 0) os << " " << r;
+  throw CollectiveError(os.str(), kExitDiverged);
+}
+
 void Trainer::check_consistency() {
   const auto& ps = model_->params();
   const std::size_t P = ps.size();
@@ -1169,6 +1223,7 @@ void Trainer::check_consistency() {
     }
     mine[i] = fingerprint(p, static_cast<std::size_t>(t.numel()));
   }
+  if (tensor_ > 1) check_replicated_across_slices(mine);
   // Stages and tensor slices hold different tensors: the replicas of a stage's slice are
   // its data group.
   const bool split = stages_ > 1 || tensor_ > 1;

@@ -240,6 +240,10 @@ class Trainer {
   /// parallel.tensor > 1: this rank's tensor group, which the layers reduce over.
   int tensor_ = 1;
   std::unique_ptr<model::TensorParallel> tensor_parallel_;
+  /// check_consistency() with tensor slices: the tensors every slice holds whole (the
+  /// norms; `mine`: this rank's fingerprints in its store's order) compared across the
+  /// tensor group; throws CollectiveError naming the tensor and ranks on every rank alike.
+  void check_replicated_across_slices(const std::vector<std::uint64_t>& mine);
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSource> batches_;
   GradNorm norm_;

@@ -3,7 +3,8 @@
 on the tiny model (4 blocks, 4 heads, ffn 688, vocab 260), the same global batch
 (micro-batch 2 x 4 micro-batches = 8 sequences) in every layout, 10 steps:
 
-  TP=2, TP=4 on 2 and 4 ranks                 vs 1 rank: losses within 1e-5 relative,
+  TP=2, TP=4 on 2 and 4 ranks,                vs 1 rank: losses within 1e-5 relative,
+  TP=2 with tied embeddings
   DP=2 x TP=2 on 4 ranks                      the final parameters (all of them, as one
   DP=2 x TP=2 x PP=2 on 8 ranks               vector of whole tensors, as final-params.h5
                                               holds them) within 1e-5 relative L2, and each
@@ -15,7 +16,9 @@ on the tiny model (4 blocks, 4 heads, ffn 688, vocab 260), the same global batch
   a hung tensor slice (debug.inject_hang_rank) ends the job within the deadline (exit 4)
                                               naming the all-reduce and the group 'tensor'
   a NaN gradient on the last slice (abort)    exit 6 naming the rank, its slice, the tensor
-  a replica of a slice diverged               the consistency check stops every rank (exit 6)
+  a slice's norm weight diverged              the consistency check (the tensors every slice
+                                              holds whole compared across the slices) stops
+                                              every rank (exit 6)
 
 Why bounds and not bits: a row-parallel product (o_proj, down_proj, the lm head's input
 gradient) sums its inner dimension in T partial sums, one per rank, added by the all-reduce,
@@ -148,6 +151,11 @@ def main():
     else:
         print(f"TP=2: {want} bytes all-reduced over the tensor group per step "
               f"({rec['tensor_allreduce_ms']:.1f} ms)")
+    # Tied embeddings: the head's projection is the embedding's slice of vocabulary rows.
+    _, *tied1 = run("tied1", 1, ["model.tie_embeddings=true"], lay.format(1, 1, 1))
+    _, *tied2 = run("tied2", 2, ["model.tie_embeddings=true", "parallel.tensor=2"],
+                    lay.format(1, 2, 1))
+    within("TP=2 vs 1 rank, tied embeddings", tied2, tied1)
     _, *tp4 = run("tp4", 4, ["parallel.tensor=4"], lay.format(1, 4, 1))
     within("TP=4 vs 1 rank", tp4, tp1)
     _, *rc = run("tp2-recompute", 2, ["parallel.tensor=2", "training.recompute=full"],
@@ -208,17 +216,20 @@ def main():
     else:
         print("nan: the non-finite gradient named with its rank, slice and tensor")
 
-    # A parameter perturbed on rank 3 (slice 1, data rank 1) after step 0: the consistency
-    # check of step 1 compares each slice's replicas and stops every rank (exit 6).
+    # A norm weight (held whole by every slice) perturbed on rank 3 (slice 1, data rank 1)
+    # after step 0: the consistency check of step 1 compares it across the slices and stops
+    # every rank (exit 6), naming the tensor and the ranks.
     _, r, _ = launch("diverged", 4, ["parallel.tensor=2", "debug.inject_divergence_rank=3",
                                      "debug.consistency_every=1", "parallel.timeout_s=60"])
-    want = ("parameters differ between ranks at step 1: first tensor "
-            "model.embed_tokens.weight differs from rank 1's on rank 3")
+    want = ("parameters differ between the tensor slices at step 1: tensor "
+            "model.layers.0.input_layernorm.weight (held whole by every slice) differs from "
+            "rank 2's on rank 3")
     if r.returncode != 6 or want not in r.stdout + r.stderr:
         print(r.stdout + r.stderr)
         problems.append(f"diverged: exit {r.returncode} (want 6), or the log does not say '{want}'")
     else:
-        print("diverged: the consistency check stopped every rank, naming the tensor and ranks")
+        print("diverged: the consistency check compared the slices' norms and stopped every "
+              "rank, naming the tensor and ranks")
 
     print("losses 1 rank: " + " ".join(f"{s[1]:.6f}" for s in tp1[0]))
     print("losses TP=2:   " + " ".join(f"{s[1]:.6f}" for s in tp2[0]))

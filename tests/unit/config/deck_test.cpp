@@ -1187,8 +1187,8 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
   EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2}\n"),
                        "latent attention (model.kv_lora_rank > 0) is not supported yet with "
                        "parallel.tensor 2"));
-  EXPECT_TRUE(Contains(load_error("model: {tie_embeddings: true}\nparallel: {tensor: 2}\n"),
-                       "model.tie_embeddings is not supported yet with parallel.tensor 2"));
+  // Tied embeddings split alike: the head reads the embedding's vocabulary rows.
+  EXPECT_TRUE(load("model: {tie_embeddings: true}\nparallel: {tensor: 2}\n").model.tie_embeddings);
   EXPECT_TRUE(Contains(load_error("kernels: {backend: cuda}\nparallel: {tensor: 2}\n"),
                        "kernels.backend cuda"));
   // The layout: pipeline x data x tensor ranks.
