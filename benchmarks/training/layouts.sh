@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Tensor against pipeline and data parallelism on 2 ranks: the same global batch trained as
+# Data, tensor and pipeline parallelism on 2 ranks: the same global batch trained as
 # DP=2 (parallel.backend auto: the shared-memory sum), TP=2 (parallel.tensor 2) and PP=2
 # (parallel.pipeline 2, 1F1B), alternating, REPETITIONS times each. Reads the last "phases"
 # record of metrics.jsonl (rank 0, ms per step over the second half of the steps) and the
 # logged tokens/s and prints the medians: forward, backward, exposed communication (DP: the
 # gradient sum; PP: the waits for the neighbour stage; TP: none beyond the data group's),
 # the tensor group's all-reduces (TP: inside forward and backward) and the whole step.
-# usage: benchmarks/training/tensor.sh [BUILD_DIR] [REPETITIONS] [tiny|small] [STEPS] [GLOBAL]
+# usage: benchmarks/training/layouts.sh [BUILD_DIR] [REPETITIONS] [tiny|small] [STEPS] [GLOBAL]
 #   micro-batch 1 x 512 (small) or 8 x 256 (tiny) per micro-step; GLOBAL sequences a step.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,10 +19,10 @@ global=${5:-8}
 case $preset in
   tiny) seq=256 micro=8 ;;
   small) seq=512 micro=1 ;;
-  *) echo "tensor.sh: preset must be tiny or small, not '$preset'" >&2; exit 2 ;;
+  *) echo "layouts.sh: preset must be tiny or small, not '$preset'" >&2; exit 2 ;;
 esac
 if ((steps < 2 || steps % 2)); then
-  echo "tensor.sh: STEPS must be even and at least 2" >&2
+  echo "layouts.sh: STEPS must be even and at least 2" >&2
   exit 2
 fi
 source "$here/bench_env.sh"
@@ -46,7 +46,7 @@ for ((i = 1; i <= reps; i++)); do
       --set "parallel.tensor=$tensor" --set "parallel.pipeline=$pipeline" \
       --set "run.output_dir=$out" >"$out.log" 2>&1 || {
       cat "$out.log" >&2
-      echo "tensor.sh: the $layout run $i failed" >&2
+      echo "layouts.sh: the $layout run $i failed" >&2
       exit 1
     }
   done
