@@ -36,16 +36,13 @@ real error (a wrong slice, a missing all-reduce, a head counted twice) moves the
 
 usage: tensor_parallel.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 """
-import json
 import os
-import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 
-from training_e2e import rel_l2, setup
+from training_e2e import read_run, rel_l2, setup
 
 TOL = 1e-5         # losses (relative), the whole parameter vector (relative L2)
 TENSOR_TOL = 5e-5  # each tensor (relative L2): see above
@@ -56,25 +53,12 @@ TIMEOUT_S = 5
 
 def main():
     st = setup(SEQ)
-    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
+    work = st.work
     problems = []
 
     def launch(name, ranks, sets):
-        out = os.path.join(work, name)
-        cmd = [*st.mpiexec(ranks), dstrain, "train", deck,
-               "--set", f"data.train={data}/train.txt", "--set", f"data.valid={data}/valid.txt",
-               "--set", "data.text_separator=", "--set", f"data.seq_len={SEQ}",
-               "--set", f"training.micro_batch_size={MICRO}",
-               "--set", f"training.global_batch_size={GLOBAL}",
-               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
-               "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
-               "--set", "eval.batches=1", "--set", "checkpoint.every_steps=5",
-               "--set", f"run.output_dir={out}"]
-        for s in sets:
-            cmd += ["--set", s]
-        t0 = time.monotonic()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        return out, r, time.monotonic() - t0
+        return st.train(name, ranks, sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
+                        steps=STEPS, checkpoint_every=5)
 
     def run(name, ranks, sets, layout):
         out, r, _ = launch(name, ranks, sets)
@@ -84,11 +68,8 @@ def main():
         if layout not in r.stdout + r.stderr:
             print(r.stdout + r.stderr)
             raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+        recs, params = read_run(out)
         steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
-        with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
-            params = {k: np.array(f["params"][k]) for k in f["params"]}
         return out, steps, params, recs
 
     def same_bits(name, a, b):

@@ -1,10 +1,12 @@
 """What the multi-rank training scripts of this folder share (rank_invariance.py,
 zero_stages.py, pipeline.py, expert_parallel.py): their command line, a fresh work folder
 with the synthetic corpus, and the comparisons of parameters."""
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 import h5py
@@ -25,6 +27,29 @@ class Setup:
         """The launcher's words for `ranks` processes, oversubscribed."""
         return [*self.launch, str(ranks), "--oversubscribe", *self.preflags]
 
+    def train(self, name, ranks, sets, *, seq, micro, global_batch, steps, checkpoint_every=0):
+        """`dstrain train` of the deck on `ranks` ranks into WORK/name, on the synthetic
+        corpus: samples of `seq` tokens, micro-batch `micro`, `global_batch` sequences a
+        step, `steps` steps (2 of warm-up), a metrics line every step, no evaluation but
+        the final one, checkpoints every `checkpoint_every` steps (0: the final one), then
+        the `sets` ("key=value"). Returns (the run folder, the completed process, seconds)."""
+        out = os.path.join(self.work, name)
+        cmd = [*self.mpiexec(ranks), self.dstrain, "train", self.deck,
+               "--set", f"data.train={self.data}/train.txt",
+               "--set", f"data.valid={self.data}/valid.txt",
+               "--set", "data.text_separator=", "--set", f"data.seq_len={seq}",
+               "--set", f"training.micro_batch_size={micro}",
+               "--set", f"training.global_batch_size={global_batch}",
+               "--set", f"training.max_steps={steps}", "--set", "training.schedule.warmup_steps=2",
+               "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
+               "--set", "eval.batches=1", "--set", f"checkpoint.every_steps={checkpoint_every}",
+               "--set", f"run.output_dir={out}"]
+        for s in sets:
+            cmd += ["--set", s]
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return out, r, time.monotonic() - t0
+
 
 def setup(seq_len, argv=None):
     """Parses `DSTRAIN DECK GENERATOR WORK [EXTRA...] -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]`,
@@ -41,6 +66,15 @@ def setup(seq_len, argv=None):
                     "--train-samples", "256", "--valid-samples", "8"], check=True,
                    capture_output=True)
     return Setup(dstrain, deck, work, data, [mpiexec, numproc_flag], preflags, extra)
+
+
+def read_run(out):
+    """A finished run's metrics.jsonl records and its final-params.h5 tensors by name."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
+        params = {k: np.array(f["params"][k]) for k in f["params"]}
+    return records, params
 
 
 def rel_l2(a, b):
