@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -153,6 +154,16 @@ class Directory {
   /// previous checkpoints untouched.
   IoStats save(Metadata meta, const std::vector<TensorRef>& tensors, std::int64_t keep_last,
                SaveFaults faults = {});
+  /// The tensors of a streamed save, one at a time: `source(i)` is called collectively
+  /// (every rank, i = 0, 1, ... in order) and returns tensor i's whole data, identical on
+  /// every rank and valid until the next call. A caller whose tensors are spread over the
+  /// ranks (slices, stages, shards) assembles one tensor at a time, so a save needs one
+  /// tensor's memory, not the whole state's.
+  using TensorSource = std::function<const float*(std::size_t)>;
+  /// save() with the data from `source` (the TensorRefs give the names and shapes; their
+  /// data is not read). The file is the same as save()'s of the same tensors.
+  IoStats save(Metadata meta, const std::vector<TensorRef>& tensors, const TensorSource& source,
+               std::int64_t keep_last, SaveFaults faults = {});
 
   /// Committed checkpoints (paths of step-<N>.h5 that have their manifest), newest
   /// (highest step) first; no I/O beyond listing the directory. Not collective.
@@ -162,6 +173,9 @@ class Directory {
   std::string latest() const;
 
  private:
+  IoStats save_impl(Metadata meta, const std::vector<TensorRef>& tensors,
+                    const TensorSource* source, std::int64_t keep_last, SaveFaults faults);
+
   MPI_Comm comm_;
   std::string path_;
   double timeout_s_;

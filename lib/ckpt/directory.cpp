@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "ckpt/checkpoint.hpp"
@@ -34,8 +35,8 @@ using Kind = CheckpointError::Kind;
 namespace {
 
 /// What a caller could get wrong, checked before anything touches the disk.
-void validate(const Metadata& meta, const std::vector<TensorRef>& tensors,
-              const std::string& file) {
+void validate(const Metadata& meta, const std::vector<TensorRef>& tensors, const std::string& file,
+              bool need_data = true) {
   const auto bad = [&](const std::string& why) {
     throw CheckpointError(Kind::io, "checkpoint save " + file + ": " + why);
   };
@@ -50,8 +51,25 @@ void validate(const Metadata& meta, const std::vector<TensorRef>& tensors,
     if (!names.insert(t.name).second) bad("tensor \"" + t.name + "\" is given twice");
     for (auto d : t.shape)
       if (d < 0) bad("tensor " + t.name + " has a negative dimension");
-    if (numel(t.shape) > 0 && t.data == nullptr) bad("tensor " + t.name + " has no data");
+    if (need_data && numel(t.shape) > 0 && t.data == nullptr)
+      bad("tensor " + t.name + " has no data");
   }
+}
+
+/// The checksum of one tensor of `elements` floats at `data` (identical on every rank):
+/// each rank hashes an equal share of its blocks; the digests are gathered and combined.
+std::uint64_t checksum(const float* data, std::uint64_t elements, Bounded& comm) {
+  const std::uint64_t bytes = elements * sizeof(float);
+  const std::uint64_t blocks = (bytes + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+  const auto share = detail::block_share(blocks, comm.rank(), comm.size());
+  std::vector<std::uint64_t> mine;
+  mine.reserve(share.rows());
+  const auto* p = reinterpret_cast<const unsigned char*>(data);
+  for (std::uint64_t g = share.begin; g < share.end; ++g) {
+    const std::uint64_t at = g * kChecksumBlockBytes;
+    mine.push_back(block_digest(p + at, std::min(kChecksumBlockBytes, bytes - at)));
+  }
+  return combine_block_digests(comm.allgather_u64(mine));
 }
 
 /// The checksums of all tensors: the blocks of all tensors are listed in order and each
@@ -144,10 +162,13 @@ struct WriteResult {
 /// Creates `tmp` collectively and writes everything into it; every rank calls every
 /// HDF5 function (collective metadata), and every H5Dwrite, with an empty selection
 /// where it has nothing to write.
+/// The data of tensor `i` comes from `source(i)` (called in order, collectively), its
+/// checksum from `sum(i, data)` (after the data, before the dataset is created).
 WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string& tmp,
                        const Metadata& meta, const std::vector<TensorRef>& tensors,
-                       const std::vector<std::uint64_t>& sums, int rank, int size,
-                       SaveFaults faults) {
+                       const std::function<const float*(std::size_t)>& source,
+                       const std::function<std::uint64_t(std::size_t, const float*)>& sum, int rank,
+                       int size, SaveFaults faults) {
   h5::Lock lock;
   WriteResult result;
   h5::Handle fapl = detail::make_mpio_fapl(comm_mpi, io, tmp);
@@ -174,6 +195,11 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
     const TensorRef& t = tensors[i];
     const std::string where = tmp + " tensor " + t.name;
     const std::uint64_t n = numel(t.shape);
+    const float* data = source(i);
+    if (n > 0 && data == nullptr)
+      throw CheckpointError(Kind::io,
+                            "checkpoint save " + tmp + ": tensor " + t.name + " has no data");
+    const std::uint64_t checksum_i = sum(i, data);
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
     h5::Handle fspace(DST_CKPT_H5(
         t.shape.empty() ? H5Screate(H5S_SCALAR)
@@ -182,7 +208,7 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
     h5::Handle dset(DST_CKPT_H5(H5Dcreate2(file.get(), t.name.c_str(), H5T_IEEE_F32LE, fspace.get(),
                                            lcpl.get(), dcpl.get(), H5P_DEFAULT),
                                 where));
-    detail::write_attr_u64(dset.get(), detail::kChecksumAttr, sums[i], where);
+    detail::write_attr_u64(dset.get(), detail::kChecksumAttr, checksum_i, where);
     if (n > 0) {
       const auto rs = detail::row_shape(t.shape);
       std::size_t calls = 0;
@@ -209,7 +235,7 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
                                           block.data(), nullptr),
                       where);
         }
-        const float* buf = active ? t.data + mine[k].begin * rs.row_elements : t.data;
+        const float* buf = active ? data + mine[k].begin * rs.row_elements : data;
         DST_CKPT_H5(
             H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), buf),
             where);
@@ -297,6 +323,19 @@ int Directory::clean_leftovers() {
 
 IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
                         std::int64_t keep_last, SaveFaults faults) {
+  return save_impl(std::move(meta), tensors, nullptr, keep_last, faults);
+}
+
+IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
+                        const TensorSource& source, std::int64_t keep_last, SaveFaults faults) {
+  if (!source)
+    throw CheckpointError(Kind::io, "checkpoint save: a streamed save needs a tensor source");
+  return save_impl(std::move(meta), tensors, &source, keep_last, faults);
+}
+
+IoStats Directory::save_impl(Metadata meta, const std::vector<TensorRef>& tensors,
+                             const TensorSource* source, std::int64_t keep_last,
+                             SaveFaults faults) {
   const auto t_start = Clock::now();
   const std::string final_path = path_ + "/" + detail::checkpoint_name(meta.step);
   const std::string tmp = final_path + ".tmp";
@@ -306,7 +345,7 @@ IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
 
   // Checked on every rank, then agreed: the tensors should be identical everywhere, but
   // a caller's bug on one rank must not leave the others inside HDF5 collectives.
-  comm.agree(capture([&] { validate(meta, tensors, final_path); }));
+  comm.agree(capture([&] { validate(meta, tensors, final_path, source == nullptr); }));
   std::string created = comm.rank() == 0 ? detail::utc_now() : std::string();
   comm.agree(comm.rank() == 0 ? capture([&] { fs::create_directories(path_); }) : std::nullopt);
   // Every rank must write identical metadata: rank 0's clock decides.
@@ -314,12 +353,20 @@ IoStats Directory::save(Metadata meta, const std::vector<TensorRef>& tensors,
   meta.created_utc = created;
   meta.format_version = kFormatVersion;
 
-  const std::vector<std::uint64_t> sums = checksums(tensors, comm);
+  // Whole tensors given: their checksums first, the blocks of all of them shared by the
+  // ranks. Streamed: each tensor's when its source has produced it.
+  const std::vector<std::uint64_t> sums =
+      source ? std::vector<std::uint64_t>() : checksums(tensors, comm);
+  const auto data_of = [&](std::size_t i) { return source ? (*source)(i) : tensors[i].data; };
+  const auto sum_of = [&](std::size_t i, const float* data) {
+    return source ? checksum(data, numel(tensors[i].shape), comm) : sums[i];
+  };
 
   const auto t_write = Clock::now();
   WriteResult written;
   auto err = capture([&] {
-    written = write_file(comm_, io_, tmp, meta, tensors, sums, comm.rank(), comm.size(), faults);
+    written = write_file(comm_, io_, tmp, meta, tensors, data_of, sum_of, comm.rank(), comm.size(),
+                         faults);
   });
   if (auto e = comm.agreed(err)) {
     if (comm.rank() == 0) CommitUndo{tmp, final_path, manifest_path(final_path)}.undo();

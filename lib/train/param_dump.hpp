@@ -7,8 +7,11 @@
 /// layer's; this is the model alone.
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "model/param_store.hpp"
 
 namespace dst::train {
@@ -20,5 +23,14 @@ namespace dst::train {
 /// store's parameters (the fp32 master gathered whole, Trainer::master_parameters()).
 void write_parameters_h5(const std::string& path, const model::ParamStore& store, std::int64_t step,
                          const float* values = nullptr);
+
+/// The same file from tensors produced one at a time: `tensors` names them
+/// ("params/<name>") with their shapes, `source(i)` returns tensor i whole (called in order
+/// on every rank: it may be collective, Trainer::checkpoint_stream). Every rank calls
+/// this; the `writer` rank writes the file. A failure on the writer is thrown after every
+/// tensor has been produced, so that the other ranks are not left inside a collective.
+void write_parameters_h5(const std::string& path, const std::vector<ckpt::TensorRef>& tensors,
+                         const std::function<const float*(std::size_t)>& source, std::int64_t step,
+                         bool writer);
 
 }  // namespace dst::train

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 
 #include <sys/mman.h>
 
@@ -933,6 +934,70 @@ std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
   // Stages and tensor slices: every stage's whole tensors on every rank (the checkpoint
   // holds the whole model, written by all ranks together: it resumes at any layout).
   return stages_ > 1 || tensor_ > 1 ? whole_state_tensors(true) : state_tensors(true);
+}
+
+Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) const {
+  // This rank's own tensors (ZeRO's moments gathered whole over the data group, a
+  // device's copied down): params, then first moments, then second, in its store's order.
+  auto own = std::make_shared<const std::vector<ckpt::TensorRef>>(state_tensors(true));
+  const auto is_param = [](const std::string& name) { return name.rfind("params/", 0) == 0; };
+  CheckpointStream out;
+  if (stages_ == 1 && tensor_ == 1) {
+    for (const ckpt::TensorRef& t : *own)
+      if (!params_only || is_param(t.name)) out.tensors.push_back({t.name, t.shape, nullptr});
+    out.source = [own](std::size_t i) { return (*own)[i].data; };
+    return out;
+  }
+  // The whole model's tensors in the order of a one-stage checkpoint (the stages' in turn
+  // within each part), each with the stage that holds it.
+  std::vector<int> owner;
+  const char* const prefixes[3] = {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
+  for (std::size_t part = 0; part < (params_only ? 1u : 3u); ++part)
+    for (int s = 0; s < stages_; ++s)
+      for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)]) {
+        out.tensors.push_back({prefixes[part] + spec.name,
+                               std::vector<std::int64_t>(spec.shape.dims.begin(),
+                                                         spec.shape.dims.begin() + spec.shape.rank),
+                               nullptr});
+        owner.push_back(s);
+      }
+  auto index = std::make_shared<std::unordered_map<std::string, std::size_t>>();
+  for (std::size_t k = 0; k < own->size(); ++k)
+    (*index)[(*own)[k].name] = k;
+  auto whole = std::make_shared<std::vector<float>>();
+  auto slices = std::make_shared<std::vector<float>>();
+  const std::vector<ckpt::TensorRef> names = out.tensors;
+  out.source = [this, own, index, owner, names, whole, slices](std::size_t i) -> const float* {
+    std::size_t n = 1;
+    for (const std::int64_t d : names[i].shape)
+      n *= static_cast<std::size_t>(d);
+    whole->resize(n);
+    const int s = owner[i];
+    if (s == stage_) {
+      // This stage's tensor: this rank's slice, and with slices every slice put in place.
+      const std::size_t k = index->at(names[i].name);
+      const auto& ps = model_->params();
+      const model::ParamSpec& spec = ps.spec(k % ps.size());
+      const auto local = static_cast<std::size_t>(spec.shape.numel());
+      const float* mine = (*own)[k].data;
+      if (tensor_ == 1 || spec.split == model::Split::replicated) {
+        std::copy(mine, mine + local, whole->data());
+      } else {
+        slices->resize(local * static_cast<std::size_t>(tensor_));
+        groups_.tensor->allgather(mine, slices->data(), local, DType::f32);
+        for (int r = 0; r < tensor_; ++r) {
+          model::ParamSpec slice = spec;
+          slice.tp_rank = r;
+          model::copy_slice_to_whole(slice, slices->data() + static_cast<std::size_t>(r) * local,
+                                     whole->data());
+        }
+      }
+    }
+    // From the stage that holds it to every stage (its rank in the pipeline group is s).
+    if (stages_ > 1) groups_.pipeline->broadcast(whole->data(), n, DType::f32, s);
+    return whole->data();
+  };
+  return out;
 }
 
 std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device) const {

@@ -177,6 +177,19 @@ class Trainer {
   /// the other ranks' parts (collective over the data group, every rank calls it; under
   /// ZeRO into host buffers of the whole size, held until the next step).
   std::vector<ckpt::TensorRef> checkpoint_tensors() const;
+  /// The same tensors for a streamed save (ckpt::Directory::save with a source), in the
+  /// same order: `tensors` gives the names and shapes (no data), `source(i)` tensor i whole,
+  /// collectively over every rank (valid until the next call; until the next step). With
+  /// pipeline stages or tensor slices the source assembles one tensor at a time (the
+  /// slices all-gathered over the tensor group, then broadcast from its stage over the
+  /// pipeline group), so a save holds one whole tensor instead of the whole model's state
+  /// on every rank (checkpoint_tensors(): 12 bytes per parameter). `params_only`: the
+  /// parameters alone (final-params.h5).
+  struct CheckpointStream {
+    std::vector<ckpt::TensorRef> tensors;
+    std::function<const float*(std::size_t)> source;
+  };
+  CheckpointStream checkpoint_stream(bool params_only = false) const;
   /// The scalars of the state (step, sampler position, samples seen, optimizer and
   /// skipped steps, seed, layout); the caller adds the deck and version texts.
   ckpt::Metadata checkpoint_metadata() const;

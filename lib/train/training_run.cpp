@@ -243,8 +243,11 @@ void TrainingRun::save_checkpoint() {
   ckpt::SaveFaults faults;
   faults.exit_rank = trainer.faults().checkpoint_exit_rank(have_checkpoint_);
   try {
+    // One whole tensor at a time (Trainer::checkpoint_stream): stages and tensor slices are
+    // assembled tensor by tensor, not as the whole state on every rank.
+    const Trainer::CheckpointStream stream = trainer.checkpoint_stream();
     const ckpt::IoStats io =
-        checkpoints_->save(meta, trainer.checkpoint_tensors(), cfg_.checkpoint.keep_last, faults);
+        checkpoints_->save(meta, stream.tensors, stream.source, cfg_.checkpoint.keep_last, faults);
     char line[256];
     std::snprintf(line, sizeof line,
                   "checkpoint: %s (%.1f MB) written in %.2f s (%.2f GB/s%s), committed in %.2f s",
@@ -377,11 +380,11 @@ void TrainingRun::finish(double seconds) {
     summary += note;
   }
   const std::filesystem::path dir(cfg_.run.output_dir);
-  // ZeRO with bf16/fp16: the fp32 master, gathered from the shards (collective).
-  const std::vector<float> master = trainer.master_parameters();
-  if (root_)
-    write_parameters_h5((dir / "final-params.h5").string(), trainer.logical_parameters(),
-                        trainer.steps_done(), master.empty() ? nullptr : master.data());
+  // Tensor by tensor (collective; ZeRO with bf16/fp16: the fp32 master's shards gathered),
+  // written by rank 0.
+  const Trainer::CheckpointStream params = trainer.checkpoint_stream(true);
+  write_parameters_h5((dir / "final-params.h5").string(), params.tensors, params.source,
+                      trainer.steps_done(), root_);
   if (trainer.skipped_steps() > 0)
     summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";
   log::info(summary);
