@@ -10,7 +10,6 @@
 #include "h5/check.hpp"
 #include "h5/handle.hpp"
 #include "h5/lock.hpp"
-#include "tensor/memory.hpp"
 
 namespace dst::train {
 
@@ -34,30 +33,6 @@ void write_tensor(hid_t g, const std::string& name, const std::vector<hsize_t>& 
                                  H5P_DEFAULT, H5P_DEFAULT),
                       at));
   DST_H5(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), at);
-}
-
-/// The tensors and the `step` attribute into the open file `f` (`where` names it).
-void write_contents(hid_t f, const model::ParamStore& store, std::int64_t step,
-                    const std::string& where, const float* values) {
-  h5::Handle g(DST_H5(H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where));
-  std::vector<float> host;  // a device's tensor, copied down
-  for (std::size_t i = 0; i < store.size(); ++i) {
-    const auto& spec = store.spec(i);
-    const tensor::Tensor t = store.param(i);
-    const void* data = t.data;
-    if (values) {
-      data = values + spec.offset;
-    } else if (t.device != tensor::Device::host) {
-      host.resize(static_cast<std::size_t>(t.numel()));
-      tensor::download(store.context(), t, host.data());
-      data = host.data();
-    }
-    std::vector<hsize_t> dims;
-    for (int d = 0; d < spec.shape.rank; ++d)
-      dims.push_back(static_cast<hsize_t>(spec.shape[d]));
-    write_tensor(g.get(), spec.name, dims, data, where + " tensor " + spec.name);
-  }
-  write_step(f, step, where);
 }
 
 }  // namespace
@@ -108,25 +83,6 @@ void write_parameters_h5(const std::string& path, const std::vector<ckpt::Tensor
   if (failed) {
     std::remove(tmp.c_str());
     throw *failed;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error("parameter dump '" + path + "': rename from '" + tmp + "' failed");
-}
-
-void write_parameters_h5(const std::string& path, const model::ParamStore& store, std::int64_t step,
-                         const float* values) {
-  const std::string tmp = path + ".tmp";
-  const std::string where = "parameter dump '" + tmp + "'";
-  {
-    h5::Lock lock;
-    try {
-      h5::Handle f(DST_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), where));
-      write_contents(f.get(), store, step, where, values);
-      f.close_checked(where, h5::raise_error);
-    } catch (const Error&) {
-      std::remove(tmp.c_str());
-      throw;
-    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw Error("parameter dump '" + path + "': rename from '" + tmp + "' failed");

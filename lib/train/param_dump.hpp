@@ -12,23 +12,17 @@
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
-#include "model/param_store.hpp"
 
 namespace dst::train {
 
-/// Writes `path` (via `path.tmp` and a rename, so a partial file never has the name).
-/// Serial HDF5: call it on one rank (it holds h5::Lock). Throws dst::Error naming the file
-/// and the failed HDF5 call on failure, leaving no file behind. `values` (if given): host
-/// memory of store.buffer_elements() f32 in the store's layout, written instead of the
-/// store's parameters (the fp32 master gathered whole, Trainer::master_parameters()).
-void write_parameters_h5(const std::string& path, const model::ParamStore& store, std::int64_t step,
-                         const float* values = nullptr);
-
-/// The same file from tensors produced one at a time: `tensors` names them
-/// ("params/<name>") with their shapes, `source(i)` returns tensor i whole (called in order
-/// on every rank: it may be collective, Trainer::checkpoint_stream). Every rank calls
-/// this; the `writer` rank writes the file. A failure on the writer is thrown after every
-/// tensor has been produced, so that the other ranks are not left inside a collective.
+/// Writes `path` (via `path.tmp` and a rename, so a partial file never has the name) from
+/// tensors produced one at a time: `tensors` names them ("params/<name>") with their
+/// shapes, `source(i)` returns tensor i whole (called in order on every rank: it may be
+/// collective, Trainer::checkpoint_stream). Every rank calls this; the `writer` rank
+/// writes the file with serial HDF5 (holding h5::Lock), and throws dst::Error naming the
+/// file and the failed HDF5 call on failure, leaving no file behind. A failure on the writer is
+/// thrown after every tensor has been produced, so that the other ranks are not left inside a
+/// collective.
 void write_parameters_h5(const std::string& path, const std::vector<ckpt::TensorRef>& tensors,
                          const std::function<const float*(std::size_t)>& source, std::int64_t step,
                          bool writer);

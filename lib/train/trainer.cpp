@@ -308,24 +308,6 @@ void Trainer::gather_master(float* whole) const {
   groups_.data->iallgather_blocks(whole, shards_->sizes(), DType::f32).wait();
 }
 
-std::vector<float> Trainer::master_parameters() const {
-  if (stages_ > 1 || tensor_ > 1) {
-    std::vector<float> whole(full_layout_->buffer_elements(), 0.0f);
-    for (const ckpt::TensorRef& t : whole_state_tensors(true)) {
-      if (t.name.rfind("params/", 0) != 0) continue;
-      const model::ParamSpec& spec = full_layout_->spec(full_layout_->index_of(t.name.substr(7)));
-      std::copy(t.data, t.data + spec.shape.numel(),
-                whole.begin() + static_cast<std::ptrdiff_t>(spec.offset));
-    }
-    std::vector<float>().swap(pp_state_);
-    return whole;
-  }
-  if (!master_shard_) return {};
-  std::vector<float> whole(model_->params().buffer_elements());
-  gather_master(whole.data());
-  return whole;
-}
-
 StepStats Trainer::step() {
   core::set_current_step(step_ + 1);  // as the log counts: from 1
   StepStats st;
@@ -725,73 +707,6 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   st.t_comm += waited;
 }
 
-std::size_t Trainer::stage_state_elements(int s) const {
-  std::size_t n = 0;
-  for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)])
-    n += static_cast<std::size_t>(spec.shape.numel());
-  return 3 * n;
-}
-
-std::vector<ckpt::TensorRef> Trainer::whole_state_tensors(bool gather) const {
-  // pp_state_: stage by stage, each stage's parameters, first moments and second moments,
-  // tensor after tensor in its store order, packed.
-  std::vector<std::size_t> counts, starts;
-  std::size_t total = 0;
-  for (int s = 0; s < stages_; ++s) {
-    starts.push_back(total);
-    counts.push_back(stage_state_elements(s));
-    total += counts.back();
-  }
-  pp_state_.assign(total, 0.0f);
-  if (gather) {
-    // This stage's part from its own tensors (ZeRO moments gathered whole, a device's
-    // copied: state_tensors; tensor slices gathered whole), then every stage's part on
-    // every rank.
-    float* at = pp_state_.data() + starts[static_cast<std::size_t>(stage_)];
-    const auto& ps = model_->params();
-    const std::vector<ckpt::TensorRef> own = state_tensors(true);
-    std::vector<float> slices;
-    for (std::size_t k = 0; k < own.size(); ++k) {
-      const model::ParamSpec& spec = ps.spec(k % ps.size());  // params, then m, then v
-      const auto n = static_cast<std::size_t>(spec.shape.numel());
-      if (tensor_ == 1 || spec.split == model::Split::replicated) {
-        at = std::copy(own[k].data, own[k].data + n, at);
-        continue;
-      }
-      // The tensor's slices from every rank of the tensor group, placed in the whole.
-      slices.resize(n * static_cast<std::size_t>(tensor_));
-      groups_.tensor->allgather(own[k].data, slices.data(), n, DType::f32);
-      for (int r = 0; r < tensor_; ++r) {
-        model::ParamSpec slice = spec;
-        slice.tp_rank = r;
-        model::copy_slice_to_whole(slice, slices.data() + static_cast<std::size_t>(r) * n, at);
-      }
-      at += n * static_cast<std::size_t>(tensor_);
-    }
-    if (stages_ > 1)
-      groups_.pipeline->iallgather_blocks(pp_state_.data(), counts, DType::f32).wait();
-  }
-  // Views in the order of a one-stage checkpoint: every parameter in state-dict order
-  // (the stages' in turn), then the first moments, then the second.
-  std::vector<ckpt::TensorRef> out;
-  const char* const prefixes[3] = {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
-  for (std::size_t part = 0; part < 3; ++part) {
-    const std::string prefix = prefixes[part];
-    for (int s = 0; s < stages_; ++s) {
-      const auto& specs = stage_specs_[static_cast<std::size_t>(s)];
-      const std::size_t third = counts[static_cast<std::size_t>(s)] / 3;
-      std::size_t at = starts[static_cast<std::size_t>(s)] + part * third;
-      for (const model::ParamSpec& spec : specs) {
-        std::vector<std::int64_t> shape(spec.shape.dims.begin(),
-                                        spec.shape.dims.begin() + spec.shape.rank);
-        out.push_back({prefix + spec.name, std::move(shape), pp_state_.data() + at});
-        at += static_cast<std::size_t>(spec.shape.numel());
-      }
-    }
-  }
-  return out;
-}
-
 std::string Trainer::name_nonfinite_across_stages(const GradBuckets& buckets) {
   comm::Communicator& world = *groups_.world;
   const auto& ps = model_->params();
@@ -930,10 +845,29 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
   return {sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<std::int64_t>(sums[1])};
 }
 
-std::vector<ckpt::TensorRef> Trainer::checkpoint_tensors() const {
-  // Stages and tensor slices: every stage's whole tensors on every rank (the checkpoint
-  // holds the whole model, written by all ranks together: it resumes at any layout).
-  return stages_ > 1 || tensor_ > 1 ? whole_state_tensors(true) : state_tensors(true);
+std::vector<ckpt::TensorRef> Trainer::whole_model_tensors(bool params_only,
+                                                          std::vector<int>& owner) const {
+  std::vector<ckpt::TensorRef> out;
+  owner.clear();
+  const char* const prefixes[3] = {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
+  for (std::size_t part = 0; part < (params_only ? 1u : 3u); ++part)
+    for (int s = 0; s < stages_; ++s)
+      for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)]) {
+        out.push_back({prefixes[part] + spec.name,
+                       std::vector<std::int64_t>(spec.shape.dims.begin(),
+                                                 spec.shape.dims.begin() + spec.shape.rank),
+                       nullptr});
+        owner.push_back(s);
+      }
+  return out;
+}
+
+std::unordered_map<std::string, std::size_t> Trainer::index_by_name(
+    const std::vector<ckpt::TensorRef>& tensors) {
+  std::unordered_map<std::string, std::size_t> index;
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    index[tensors[k].name] = k;
+  return index;
 }
 
 Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) const {
@@ -948,22 +882,10 @@ Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) con
     out.source = [own](std::size_t i) { return (*own)[i].data; };
     return out;
   }
-  // The whole model's tensors in the order of a one-stage checkpoint (the stages' in turn
-  // within each part), each with the stage that holds it.
   std::vector<int> owner;
-  const char* const prefixes[3] = {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
-  for (std::size_t part = 0; part < (params_only ? 1u : 3u); ++part)
-    for (int s = 0; s < stages_; ++s)
-      for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)]) {
-        out.tensors.push_back({prefixes[part] + spec.name,
-                               std::vector<std::int64_t>(spec.shape.dims.begin(),
-                                                         spec.shape.dims.begin() + spec.shape.rank),
-                               nullptr});
-        owner.push_back(s);
-      }
-  auto index = std::make_shared<std::unordered_map<std::string, std::size_t>>();
-  for (std::size_t k = 0; k < own->size(); ++k)
-    (*index)[(*own)[k].name] = k;
+  out.tensors = whole_model_tensors(params_only, owner);
+  auto index =
+      std::make_shared<const std::unordered_map<std::string, std::size_t>>(index_by_name(*own));
   auto whole = std::make_shared<std::vector<float>>();
   auto slices = std::make_shared<std::vector<float>>();
   const std::vector<ckpt::TensorRef> names = out.tensors;
@@ -1092,10 +1014,11 @@ void Trainer::restore(ckpt::Reader& reader) {
   // The buffers to read into: on a device, the host copies, which the reads fill whole
   // (a mismatch throws before any read), so the device's state is not copied down first.
   const auto own = state_tensors(false);
-  // Stages and tensor slices: every rank reads the whole model (the reads are
-  // collective), then keeps its stage's part, its slices of it.
+  // Stages and tensor slices: every rank reads the whole model tensor by tensor (the reads
+  // are collective) and keeps its stage's tensors, its slices of them.
   const bool whole = stages_ > 1 || tensor_ > 1;
-  const auto wanted = whole ? whole_state_tensors(false) : own;
+  std::vector<int> owner;
+  const auto wanted = whole ? whole_model_tensors(false, owner) : own;
   // Every difference at once, so a wrong deck is diagnosed in one attempt.
   std::vector<std::string> problems;
   const auto shape_text = [](const std::vector<std::int64_t>& s) {
@@ -1126,23 +1049,30 @@ void Trainer::restore(ckpt::Reader& reader) {
       msg += "\n  " + p;
     throw ckpt::CheckpointError(ckpt::CheckpointError::Kind::mismatch, msg);
   }
-  for (const auto& w : wanted)
-    reader.read(w.name, w.shape, const_cast<float*>(w.data));
-  if (whole) {
-    // This stage's tensors: the same names, in the same order within each prefix; this
-    // rank's slice of each.
+  if (!whole) {
+    for (const auto& w : wanted)
+      reader.read(w.name, w.shape, const_cast<float*>(w.data));
+  } else {
+    // One whole tensor at a time; this stage's tensors give this rank's slice of them.
     const auto& ps = model_->params();
-    std::size_t k = 0;
-    for (const auto& w : wanted) {
-      if (k == own.size()) break;
-      if (w.name != own[k].name) continue;
-      model::copy_slice_from_whole(ps.spec(k % ps.size()), w.data, const_cast<float*>(own[k].data));
-      ++k;
+    const auto index = index_by_name(own);
+    std::vector<float> buffer;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < wanted.size(); ++i) {
+      std::size_t n = 1;
+      for (const std::int64_t d : wanted[i].shape)
+        n *= static_cast<std::size_t>(d);
+      buffer.resize(n);
+      reader.read(wanted[i].name, wanted[i].shape, buffer.data());
+      if (owner[i] != stage_) continue;
+      const std::size_t k = index.at(wanted[i].name);
+      model::copy_slice_from_whole(ps.spec(k % ps.size()), buffer.data(),
+                                   const_cast<float*>(own[k].data));
+      ++kept;
     }
-    if (k != own.size())
+    if (kept != own.size())
       throw Error("trainer: restoring pipeline stage " + std::to_string(stage_) + ": " +
-                  std::to_string(own.size() - k) + " of its tensors are not in the whole model");
-    std::vector<float>().swap(pp_state_);
+                  std::to_string(own.size() - kept) + " of its tensors are not in the whole model");
   }
   if (optimizer_->sharded()) {
     // ZeRO: the checkpoint's moments are whole (any stage, any world size wrote them);

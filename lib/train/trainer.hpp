@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -169,22 +170,20 @@ class Trainer {
   };
   WorkSpread work_spread(const std::vector<double>& work_s, const std::vector<double>& comm_s);
 
-  /// The training state a checkpoint holds: every parameter and both AdamW moments as
-  /// named tensors ("params/<name>", "optimizer/exp_avg/<name>",
-  /// "optimizer/exp_avg_sq/<name>"), viewing the flat buffers (valid until the next step).
-  /// On a device they view a host copy, taken by this call (restore() copies it back).
-  /// Where the ranks share the update, or under ZeRO, this first gathers the moments of
-  /// the other ranks' parts (collective over the data group, every rank calls it; under
-  /// ZeRO into host buffers of the whole size, held until the next step).
-  std::vector<ckpt::TensorRef> checkpoint_tensors() const;
-  /// The same tensors for a streamed save (ckpt::Directory::save with a source), in the
-  /// same order: `tensors` gives the names and shapes (no data), `source(i)` tensor i whole,
-  /// collectively over every rank (valid until the next call; until the next step). With
-  /// pipeline stages or tensor slices the source assembles one tensor at a time (the
-  /// slices all-gathered over the tensor group, then broadcast from its stage over the
-  /// pipeline group), so a save holds one whole tensor instead of the whole model's state
-  /// on every rank (checkpoint_tensors(): 12 bytes per parameter). `params_only`: the
-  /// parameters alone (final-params.h5).
+  /// The training state a checkpoint holds, for a streamed save (ckpt::Directory::save
+  /// with a source): every parameter and both AdamW moments of the whole model as named
+  /// tensors ("params/<name>", "optimizer/exp_avg/<name>", "optimizer/exp_avg_sq/<name>"),
+  /// in the order of a one-stage run; `tensors` gives the names and shapes (no data),
+  /// `source(i)` tensor i whole, collectively over every rank (valid until the next call
+  /// and the next step). With one stage and no tensor slices the source returns views of
+  /// the flat buffers (on a device, of host copies taken by this call). With pipeline
+  /// stages or tensor slices it assembles one tensor at a time (the slices all-gathered
+  /// over the tensor group, then broadcast from its stage over the pipeline group), so a
+  /// save holds one whole tensor beyond the rank's own state. Where the ranks share the
+  /// update, or under ZeRO, this call first gathers the moments of the other ranks' parts
+  /// (collective over the data group; under ZeRO into host buffers of the stage slice's
+  /// size, held until the next step; with bf16/fp16 the master parameters too).
+  /// `params_only`: the parameters alone (final-params.h5).
   struct CheckpointStream {
     std::vector<ckpt::TensorRef> tensors;
     std::function<const float*(std::size_t)> source;
@@ -207,19 +206,12 @@ class Trainer {
   /// The dynamic loss scaler (state meaningful only when loss_scaling()).
   const LossScaler& loss_scaler() const { return scaler_; }
   model::DenseModel& model() { return *model_; }
-  /// The whole model's parameter layout (names, shapes, offsets of a flat buffer): the
-  /// model's own store, or with pipeline stages a store of the whole model built only to
-  /// plan (master_parameters() fills its layout).
+  /// The whole model's parameter layout (names, whole shapes, offsets of a flat buffer):
+  /// the model's own store, or with pipeline stages or tensor slices a store of the whole
+  /// model built only to plan.
   const model::ParamStore& logical_parameters() const {
     return full_layout_ ? *full_layout_ : model_->params();
   }
-  /// The fp32 master parameters in the ParamStore's flat layout, when they are not the
-  /// model's parameter buffer (ZeRO stage >= 1 with bf16/fp16: each rank holds a shard):
-  /// gathered whole (collective over the data group, every rank calls it). Empty when
-  /// the model's parameters are the master (write those). With pipeline stages: every
-  /// stage's parameters (the master where it is sharded) in logical_parameters()' layout
-  /// (collective over every rank).
-  std::vector<float> master_parameters() const;
   const AdamW& optimizer() const { return *optimizer_; }
   const tensor::ExecContext& context() const { return ctx_; }
   /// The training order: the run's one sampler (through the batch source).
@@ -232,9 +224,16 @@ class Trainer {
   void arm_alltoallv_hang();
 
  private:
-  /// checkpoint_tensors(), with the device's state copied into the host buffers (for a
-  /// save) or not (for restore(), which reads into them and copies them up).
+  /// This rank's own state tensors (its stage's, its slices), in its store's order:
+  /// params, then first moments, then second; with the device's state copied into the
+  /// host buffers (for a save) or not (for restore(), which reads into them and copies
+  /// them up).
   std::vector<ckpt::TensorRef> state_tensors(bool copy_from_device) const;
+  /// The whole model's state tensors' names and whole shapes (no data) in the order of a
+  /// one-stage checkpoint, and in `owner` the stage holding each.
+  std::vector<ckpt::TensorRef> whole_model_tensors(bool params_only, std::vector<int>& owner) const;
+  static std::unordered_map<std::string, std::size_t> index_by_name(
+      const std::vector<ckpt::TensorRef>& tensors);
   const config::RunConfig& cfg_;
   config::Layout layout_;
   comm::ProcessGroups& groups_;
@@ -329,13 +328,6 @@ class Trainer {
   void pipeline_micro_batches(float backward_scale,
                               const std::function<void(std::size_t)>& on_ready, double& loss_sum,
                               std::int64_t& valid, StepStats& st);
-  /// Every stage's state tensors (params, moments; state_tensors() of each stage) as the
-  /// whole model's, in the order of a one-stage checkpoint: gathered over the pipeline
-  /// group into pp_state_ (gather = true), or views of it to read into (false).
-  std::vector<ckpt::TensorRef> whole_state_tensors(bool gather) const;
-  mutable std::vector<float> pp_state_;
-  /// The elements of stage s's part of pp_state_ (3 x its parameters), and where it starts.
-  std::size_t stage_state_elements(int s) const;
   /// Non-finite gradients with stages: "rank R, tensor NAME[i]" of the lowest world rank
   /// whose own gradient had one, or of the lowest tensor over the stages when none had
   /// (the sums overflowed). Collective over every rank.
