@@ -273,8 +273,15 @@ class Trainer {
   /// DeepSeekMoE after a step: one all-reduce over the data group of the MoE blocks'
   /// expert loads and the balance loss (`aux_sum`, this rank's), the correction biases'
   /// update (auxiliary-loss-free balancing, model.moe.bias_update_rate) unless the step was
-  /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps.
+  /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps. With stages,
+  /// each stage moves its own blocks' biases from its own loads (summed over its data
+  /// group); st.moe then covers every stage's blocks (gathered over the pipeline group).
+  /// Collective over the data group and, with stages, the pipeline group: every stage
+  /// calls it, also one without MoE blocks.
   void balance_moe(StepStats& st, double aux_sum);
+  /// The model has DeepSeekMoE blocks (on any stage), and each stage's count of them.
+  bool moe_ = false;
+  std::vector<std::size_t> stage_moe_blocks_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
   /// Stages, this rank's stage, and the activation records it keeps (micro-batches in
   /// flight under 1F1B).
@@ -308,10 +315,12 @@ class Trainer {
   /// Waits every send in flight (all = false: only drops those complete); the seconds.
   double settle_sends(bool all);
   /// The 1F1B order of this stage over the step's micro-batches (train/pipeline_schedule):
-  /// adds the loss sum and its tokens (last stage) and the phase timers.
+  /// adds the loss sum and its tokens (last stage) and the phase timers; with MoE blocks,
+  /// the whole model's balance loss to `aux_sum` (every stage's terms gathered over the
+  /// pipeline group and added in a one-stage run's order).
   void pipeline_micro_batches(float backward_scale,
                               const std::function<void(std::size_t)>& on_ready, double& loss_sum,
-                              std::int64_t& valid, StepStats& st);
+                              std::int64_t& valid, double& aux_sum, StepStats& st);
   /// Every stage's state tensors (params, moments; state_tensors() of each stage) as the
   /// whole model's, in the order of a one-stage checkpoint: gathered over the pipeline
   /// group into pp_state_ (gather = true), or views of it to read into (false).
