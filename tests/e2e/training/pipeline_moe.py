@@ -6,10 +6,12 @@ correction bias and the sequence-wise balance loss) end to end, the same global 
 rate fast enough to move the choices (0.01):
 
   PP=2, PP=4 (stage 0 holds the dense block only),
-  PP=2 with training.recompute full        vs PP=1: bit-identical losses, gradient norms,
+  PP=2 with training.recompute full,
+  PP=2 with training.recompute selective   vs PP=1: bit-identical losses, gradient norms,
                                            balance losses, per-block expert loads and
                                            correction biases (metrics.jsonl's "moe"), and
                                            every tensor of final-params.h5
+  PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
   DP=2 x PP=2 on 4 ranks                   vs DP=2 on 2 ranks: the same, bit for bit
   DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: the same
   the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
@@ -71,7 +73,8 @@ def main():
             raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
         with open(os.path.join(out, "metrics.jsonl")) as f:
             recs = [json.loads(line) for line in f if line.strip()]
-        steps = [(x["step"], x["loss"], x["grad_norm"], x["aux_loss"], x["moe"])
+        steps = [(x["step"], x["loss"], x["grad_norm"], x["aux_loss"], x["moe"],
+                  x.get("moe_dropped_rows"))
                  for x in recs if x.get("type") == "step"]
         with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
             params = {k: np.array(f["params"][k]) for k in f["params"]}
@@ -91,6 +94,10 @@ def main():
             if got[4] != want[4] or len(want[4]) != 3:
                 problems.append(f"{name}: step {want[0]}: the MoE blocks' loads and biases "
                                 f"{got[4]} vs {want[4]}")
+                break
+            if got[5] != want[5]:
+                problems.append(f"{name}: step {want[0]}: {got[5]} rows dropped by the "
+                                f"capacity vs {want[5]}")
                 break
         differing = [k for k in b[1] if not np.array_equal(a[1].get(k), b[1][k])]
         biases = [k for k in b[1] if "e_score_correction_bias" in k]
@@ -115,6 +122,16 @@ def main():
     _, *rec = run("pp2-recompute", 2, ["parallel.pipeline=2", "training.recompute=full"],
                   lay.format(1, 2))
     same_bits("PP=2 recompute full vs PP=1 (none)", rec, pp1)
+    _, *sel = run("pp2-selective", 2, ["parallel.pipeline=2", "training.recompute=selective"],
+                  lay.format(1, 2))
+    same_bits("PP=2 recompute selective vs PP=1 (none)", sel, pp1)
+    # The experts' capacity: the rows each stage drops, summed over the stages.
+    cap = ["model.moe.capacity_factor=0.5"]
+    _, *cap1 = run("pp1-capacity", 1, cap, lay.format(1, 1))
+    _, *cap2 = run("pp2-capacity", 2, cap + ["parallel.pipeline=2"], lay.format(1, 2))
+    same_bits("PP=2 capacity 0.5 vs PP=1 capacity 0.5", cap2, cap1)
+    if not all(s[5] and s[5] > 0 for s in cap1[0]):
+        problems.append(f"capacity 0.5 dropped no rows: {[s[5] for s in cap1[0]]}")
     _, *dp2 = run("dp2", 2, [], lay.format(2, 1))
     _, *dp2pp2 = run("dp2pp2", 4, ["parallel.pipeline=2"], lay.format(2, 2))
     same_bits("DP=2 x PP=2 vs DP=2", dp2pp2, dp2)
