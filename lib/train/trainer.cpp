@@ -414,7 +414,7 @@ StepStats Trainer::step() {
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
   if (experts_) experts_->reset_traffic();
   if (tensor_parallel_) tensor_parallel_->reset_traffic();
-  if (stages_ > 1) pipeline_micro_batches(backward_scale, on_ready, loss_sum, valid, aux_sum, st);
+  if (stages_ > 1) pipeline_micro_batches(backward_scale, on_ready, loss_sum, valid, st);
   for (std::size_t m = 0; stages_ == 1 && m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
     split_rows(mb, micro, T, tokens_.data(), targets_.data());
@@ -689,8 +689,7 @@ double Trainer::settle_sends(bool all) {
 
 void Trainer::pipeline_micro_batches(float backward_scale,
                                      const std::function<void(std::size_t)>& on_ready,
-                                     double& loss_sum, std::int64_t& valid, double& aux_sum,
-                                     StepStats& st) {
+                                     double& loss_sum, std::int64_t& valid, StepStats& st) {
   const std::int64_t micro = cfg_.training.micro_batch_size;
   const std::int64_t T = cfg_.data.seq_len;
   const std::size_t sample_len = static_cast<std::size_t>(T + 1);
@@ -699,7 +698,7 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   double waited = 0.0;
   // The balance loss of this stage's MoE blocks, micro-batch-major (blocks within).
   const std::size_t own_blocks = moe_ ? stage_moe_blocks_[static_cast<std::size_t>(stage_)] : 0;
-  std::vector<double> aux(static_cast<std::size_t>(m) * own_blocks, 0.0);
+  stage_aux_.assign(static_cast<std::size_t>(m) * own_blocks, 0.0);
   for (const PipeOp& op : one_f_one_b(stages_, stage_, m)) {
     const auto slot = static_cast<std::size_t>(op.micro % slots_);
     const int tag = static_cast<int>(2 * op.micro) + (op.kind == PipeOp::Kind::backward ? 1 : 0);
@@ -718,7 +717,7 @@ void Trainer::pipeline_micro_batches(float backward_scale,
       if (own_blocks > 0) {
         const std::vector<double> terms = model_->last_aux_losses();
         std::copy(terms.begin(), terms.end(),
-                  aux.begin() + static_cast<std::ptrdiff_t>(op.micro * own_blocks));
+                  stage_aux_.begin() + static_cast<std::ptrdiff_t>(op.micro * own_blocks));
       }
       st.t_forward += model_->last_forward_seconds();
       if (!last) send_to(stage_ + 1, model_->stage_output(slot), tag);
@@ -736,9 +735,12 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   }
   waited += settle_sends(true);
   st.t_comm += waited;
-  if (!moe_) return;
+}
+
+double Trainer::pipeline_aux_sum() {
   // Every stage's terms (one all-gather over the pipeline group), added as a one-stage run
   // adds them: per micro-batch the blocks' in the model's order from 0, then that sum.
+  const std::int64_t m = layout_.grad_accum_steps;
   std::vector<std::size_t> counts, starts;
   std::size_t total = 0;
   for (const std::size_t n : stage_moe_blocks_) {
@@ -747,9 +749,10 @@ void Trainer::pipeline_micro_batches(float backward_scale,
     total += counts.back();
   }
   std::vector<double> all(total, 0.0);
-  std::copy(aux.begin(), aux.end(),
+  std::copy(stage_aux_.begin(), stage_aux_.end(),
             all.begin() + static_cast<std::ptrdiff_t>(starts[static_cast<std::size_t>(stage_)]));
   groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
+  double aux_sum = 0.0;
   for (std::int64_t mb = 0; mb < m; ++mb) {
     double sum = 0.0;
     for (std::size_t s = 0; s < stage_moe_blocks_.size(); ++s)
@@ -757,6 +760,7 @@ void Trainer::pipeline_micro_batches(float backward_scale,
         sum += all[starts[s] + static_cast<std::size_t>(mb) * stage_moe_blocks_[s] + b];
     aux_sum += sum;
   }
+  return aux_sum;
 }
 
 std::size_t Trainer::stage_state_elements(int s) const {
@@ -878,6 +882,8 @@ void Trainer::arm_alltoallv_hang() {
 }
 
 void Trainer::balance_moe(StepStats& st, double aux_sum) {
+  // Stages: the whole model's balance loss from every stage's terms.
+  if (stages_ > 1) aux_sum = pipeline_aux_sum();
   // Loads of every MoE block and this rank's balance loss, summed over the data group:
   // every rank then moves the biases alike (counts are exact in double).
   std::vector<double> sums = model_->moe_loads();

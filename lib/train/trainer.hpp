@@ -274,8 +274,9 @@ class Trainer {
   /// expert loads and the balance loss (`aux_sum`, this rank's), the correction biases'
   /// update (auxiliary-loss-free balancing, model.moe.bias_update_rate) unless the step was
   /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps. With stages,
-  /// each stage moves its own blocks' biases from its own loads (summed over its data
-  /// group); st.moe then covers every stage's blocks (gathered over the pipeline group).
+  /// `aux_sum` is ignored for pipeline_aux_sum(); each stage moves its own blocks' biases
+  /// from its own loads (summed over its data group); st.moe then covers every stage's
+  /// blocks (gathered over the pipeline group).
   /// Collective over the data group and, with stages, the pipeline group: every stage
   /// calls it, also one without MoE blocks.
   void balance_moe(StepStats& st, double aux_sum);
@@ -315,12 +316,16 @@ class Trainer {
   /// Waits every send in flight (all = false: only drops those complete); the seconds.
   double settle_sends(bool all);
   /// The 1F1B order of this stage over the step's micro-batches (train/pipeline_schedule):
-  /// adds the loss sum and its tokens (last stage) and the phase timers; with MoE blocks,
-  /// the whole model's balance loss to `aux_sum` (every stage's terms gathered over the
-  /// pipeline group and added in a one-stage run's order).
+  /// adds the loss sum and its tokens (last stage) and the phase timers; keeps the balance
+  /// loss of this stage's MoE blocks per micro-batch in stage_aux_.
   void pipeline_micro_batches(float backward_scale,
                               const std::function<void(std::size_t)>& on_ready, double& loss_sum,
-                              std::int64_t& valid, double& aux_sum, StepStats& st);
+                              std::int64_t& valid, StepStats& st);
+  /// The step's balance loss of the whole model: every stage's stage_aux_ (one all-gather
+  /// over the pipeline group) added in a one-stage run's order, per micro-batch the blocks'
+  /// from 0, then those sums: the same double. Collective over the pipeline group.
+  double pipeline_aux_sum();
+  std::vector<double> stage_aux_;  ///< (micro-batches x this stage's MoE blocks)
   /// Every stage's state tensors (params, moments; state_tensors() of each stage) as the
   /// whole model's, in the order of a one-stage checkpoint: gathered over the pipeline
   /// group into pp_state_ (gather = true), or views of it to read into (false).
