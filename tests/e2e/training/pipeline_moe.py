@@ -13,6 +13,7 @@ rate fast enough to move the choices (0.01):
                                            every tensor of final-params.h5
   PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
   DP=2 x PP=2 on 4 ranks                   vs DP=2 on 2 ranks: the same, bit for bit
+  DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
   DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: the same
   the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
   it resumes on PP=1                       == PP=1's steps 6-10 bit for bit
@@ -135,6 +136,11 @@ def main():
     _, *dp2 = run("dp2", 2, [], lay.format(2, 1))
     _, *dp2pp2 = run("dp2pp2", 4, ["parallel.pipeline=2"], lay.format(2, 2))
     same_bits("DP=2 x PP=2 vs DP=2", dp2pp2, dp2)
+    # ZeRO 1 shards each stage's buffers over its data ranks; the biases move after the
+    # parameters are gathered back.
+    _, *zero1 = run("dp2pp2-zero1", 4, ["parallel.pipeline=2", "parallel.zero_stage=1"],
+                    lay.format(2, 2))
+    same_bits("DP=2 x PP=2 ZeRO 1 vs DP=2 x PP=2", zero1, dp2pp2)
     ep = ["parallel.expert=2", "parallel.backend=mpi"]
     _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
     _, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
