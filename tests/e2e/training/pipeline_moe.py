@@ -17,6 +17,7 @@ rate fast enough to move the choices (0.01):
   DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: the same
   the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
   it resumes on PP=1                       == PP=1's steps 6-10 bit for bit
+(the validation losses of steps 5 and 10, through the stages' forward, alike).
 
 Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
 micro-batches (1F1B keeps a micro-batch per activation record, each with its own MoE
@@ -60,7 +61,7 @@ def main():
                "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
                "--set", "model.moe.bias_update_rate=0.01",
                "--set", "model.moe.seq_aux_loss_alpha=0.01",
-               "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
+               "--set", "logging.every_steps=1", "--set", "eval.every_steps=5",
                "--set", "eval.batches=1", "--set", "checkpoint.every_steps=5",
                "--set", f"run.output_dir={out}"]
         for s in sets:
@@ -77,13 +78,17 @@ def main():
         steps = [(x["step"], x["loss"], x["grad_norm"], x["aux_loss"], x["moe"],
                   x.get("moe_dropped_rows"))
                  for x in recs if x.get("type") == "step"]
+        evals = [(x["step"], x["val_loss"]) for x in recs if x.get("type") == "eval"]
         with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
             params = {k: np.array(f["params"][k]) for k in f["params"]}
-        return out, steps, params
+        return out, steps, params, evals
 
     def same_bits(name, a, b, first_step=1):
-        """a: (steps, params) of the run checked; b: the reference's."""
+        """a: (steps, params, evals) of the run checked; b: the reference's."""
         ref_steps = [s for s in b[0] if s[0] >= first_step]
+        ref_evals = [e for e in b[2] if e[0] >= first_step]
+        if a[2] != ref_evals or not ref_evals:
+            problems.append(f"{name}: validation losses {a[2]} vs {ref_evals}")
         if len(a[0]) != len(ref_steps) or not ref_steps:
             problems.append(f"{name}: {len(a[0])} steps logged, the reference {len(ref_steps)}")
             return
