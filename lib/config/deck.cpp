@@ -468,11 +468,10 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
   const auto refuse = [&](const char* key, const std::string& what) {
     fail_combination(given, fallback, {key, "parallel.pipeline"},
                      what + " is not supported yet with parallel.pipeline " + s(P) +
-                         " (pipeline stages hold dense blocks only); set parallel.pipeline: 1");
+                         " (pipeline stages hold decoder blocks, dense or DeepSeekMoE, with the "
+                         "embedding on the first stage and the head on the last); set "
+                         "parallel.pipeline: 1");
   };
-  if (m.n_routed_experts > 0)
-    refuse("model.n_routed_experts",
-           "a DeepSeekMoE model (model.n_routed_experts " + s(m.n_routed_experts) + ")");
   if (m.tie_embeddings)
     refuse("model.tie_embeddings",
            "model.tie_embeddings (the embedding and the head live on different stages)");

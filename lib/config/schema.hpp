@@ -401,8 +401,9 @@ void visit_parallel(V& v, S&... s) {
   v.field("parallel.pipeline",
           Spec("Pipeline-parallel stages: the blocks split into this many consecutive stages, "
                "each on its own ranks (the world is data x pipeline ranks; docs/performance.md, "
-               "\"pipeline parallelism\"). At most model.n_layers; not with DeepSeekMoE "
-               "blocks, tied embeddings, the MTP module or kernels.backend cuda yet.")
+               "\"pipeline parallelism\"). At most model.n_layers. Stages hold dense or "
+               "DeepSeekMoE blocks (latent attention, expert parallelism within a stage's data "
+               "ranks); not with tied embeddings, the MTP module or kernels.backend cuda yet.")
               .at_least(1)
               .at_most(kIntMax),
           s.pipeline...);

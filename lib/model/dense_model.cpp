@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -50,6 +51,10 @@ struct DenseModel::Impl {
   StageBlocks stage;
   std::vector<std::vector<BlockActs>> slot_layer;
   std::vector<Tensor> slot_tokens, slot_targets, slot_out;
+  // Each record's gradient scale (stage_forward's grad_scale: the balance loss's gradient
+  // in stage_backward) and the record of the last forward (last_aux_loss()).
+  std::vector<float> slot_scale;
+  std::size_t last_slot = 0;
   std::vector<BlockActs> layer;
   Tensor tokens, targets;  // (N) i32
   HeadActs head;
@@ -76,6 +81,7 @@ struct DenseModel::Impl {
     slot_tokens.assign(slots, Tensor{});
     slot_targets.assign(slots, Tensor{});
     slot_out.assign(slots, Tensor{});
+    slot_scale.assign(slots, 0.0f);
     const BlockActs shared = net.block(stage.first).take_shared(recomputed, B, T, fused, recompute);
     for (std::size_t s = 0; s < slots; ++s) {
       // The whole model takes tokens and targets as it always has (slot 0 of both ends).
@@ -98,13 +104,31 @@ struct DenseModel::Impl {
     if (net.mtp() && stage.head) mtp_scratch = net.mtp()->take_scratch(work, N);
   }
 
-  /// Every DeepSeekMoE block with its record: the model's in order, then the MTP module's.
+  /// Every DeepSeekMoE block this model holds with its record `slot`: the stage's blocks in
+  /// order, then the MTP module's (the whole model only; model/stage.hpp). Each record has
+  /// its own host routing (Block::take): 1F1B's micro-batches in flight route apart.
+  template <class F>
+  void each_moe(std::size_t slot, F&& f) const {
+    for (std::int64_t l = stage.first; l < stage.last; ++l)
+      if (const Moe* m = net.block(l).moe()) f(*m, slot_layer[slot][static_cast<std::size_t>(l)]);
+    if (net.mtp() && stage.head)
+      if (const Moe* m = net.mtp()->block().moe()) f(*m, mtp.block);
+  }
   template <class F>
   void each_moe(F&& f) const {
-    for (std::int64_t l = 0; l < L; ++l)
-      if (const Moe* m = net.block(l).moe()) f(*m, layer[static_cast<std::size_t>(l)]);
-    if (net.mtp())
-      if (const Moe* m = net.mtp()->block().moe()) f(*m, mtp.block);
+    each_moe(0, std::forward<F>(f));
+  }
+  /// Every record's routing of each MoE block: f(block index among this model's MoE
+  /// blocks, routing) (the loads of a step's micro-batches are spread over the records).
+  template <class F>
+  void each_routing(F&& f) const {
+    for (std::size_t slot = 0; slot < slot_layer.size(); ++slot) {
+      std::size_t b = 0;
+      each_moe(slot, [&](const Moe&, const BlockActs& a) {
+        if (a.moe.routing) f(b, *a.moe.routing);
+        ++b;
+      });
+    }
   }
 
   void forward_pass(const std::int32_t* tok, const std::int32_t* tgt) { forward_pass(0, tok, tgt); }
@@ -222,7 +246,8 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.stage = stage;
   if (s.stage.last < 0) s.stage.last = m.n_layers;
   if (!s.stage.is_whole(m.n_layers)) {
-    // Stages hold dense blocks with their own records (deck.cpp refuses the rest).
+    // Stages hold dense and DeepSeekMoE blocks, each record with its own MoE routing
+    // (deck.cpp refuses the rest).
     if (m.mtp_depth > 0 || m.tie_embeddings)
       throw Error("model: a pipeline stage supports neither the MTP module nor tied embeddings");
     if (s.stage.head && s.stage.slots != 1)
@@ -315,8 +340,10 @@ ModelMemory DenseModel::memory() const {
   mem.gradients = params_->buffer_elements() * sizeof(float);
   mem.activations = impl_->acts.used_bytes();
   // MoE blocks keep their routing on the host, outside the arenas (Moe::routing_bytes).
-  impl_->each_moe(
-      [&](const Moe& m, const BlockActs&) { mem.activations += m.routing_bytes(impl_->N); });
+  // One routing per record (stage slots).
+  impl_->each_moe([&](const Moe& m, const BlockActs&) {
+    mem.activations += m.routing_bytes(impl_->N) * static_cast<std::uint64_t>(impl_->stage.slots);
+  });
   mem.recompute = impl_->recomputed.used_bytes();
   mem.workspace = impl_->work.used_bytes();
   return mem;
@@ -328,6 +355,7 @@ double DenseModel::forward(const std::int32_t* tokens, const std::int32_t* targe
   const auto t0 = std::chrono::steady_clock::now();
   Impl& s = *impl_;
   s.forward_pass(tokens, targets);
+  s.last_slot = 0;
   s.net.head().loss(s.c, s.head, s.targets);
   if (const MultiTokenPrediction* p = s.net.mtp()) {
     p->loss(s.c, s.mtp);
@@ -346,6 +374,7 @@ double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32
   Impl& s = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(tokens, targets);
+  s.last_slot = 0;
   s.net.head().loss_and_gradient(s.c, s.head, s.targets, grad_scale);
   if (const MultiTokenPrediction* p = s.net.mtp()) {
     p->loss_and_gradient(s.c, s.mtp, grad_scale * static_cast<float>(s.mtp_scale));
@@ -389,6 +418,8 @@ double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
                 std::to_string(s.slot_layer.size()));
   const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(slot, tokens, targets);
+  s.last_slot = slot;
+  s.slot_scale[slot] = with_gradient ? grad_scale : 0.0f;
   double loss = 0.0;
   if (valid_tokens) *valid_tokens = 0;
   if (s.stage.head) {
@@ -412,7 +443,8 @@ void DenseModel::stage_backward(std::size_t slot,
     throw Error("model: activation record " + std::to_string(slot) + " of " +
                 std::to_string(s.slot_layer.size()));
   const auto t0 = std::chrono::steady_clock::now();
-  s.c.aux_grad_scale = 0.0f;  // no MoE blocks on stages
+  // The balance loss's gradient, as forward_backward's: grad_scale x seq_len per sequence.
+  s.c.aux_grad_scale = s.slot_scale[slot] * static_cast<float>(s.T);
   s.backward_pass(slot, on_ready);
   tensor::synchronize(s.c.ctx);
   s.backward_s = seconds_since(t0);
@@ -444,26 +476,35 @@ std::int64_t DenseModel::moe_experts() const {
 
 double DenseModel::last_aux_loss() const {
   double sum = 0.0;
-  impl_->each_moe([&](const Moe&, const BlockActs& a) {
-    if (a.moe.routing) sum += a.moe.routing->aux_loss;
-  });
+  for (const double a : last_aux_losses())
+    sum += a;
   return sum;
 }
 
-std::vector<double> DenseModel::moe_loads() const {
+std::vector<double> DenseModel::last_aux_losses() const {
   std::vector<double> out;
-  impl_->each_moe([&](const Moe&, const BlockActs& a) {
-    if (!a.moe.routing) throw Error("model: moe_loads() on a model built only to plan");
-    out.insert(out.end(), a.moe.routing->load.begin(), a.moe.routing->load.end());
+  impl_->each_moe(impl_->last_slot, [&](const Moe&, const BlockActs& a) {
+    out.push_back(a.moe.routing ? a.moe.routing->aux_loss : 0.0);
+  });
+  return out;
+}
+
+std::vector<double> DenseModel::moe_loads() const {
+  if (params_->planning()) throw Error("model: moe_loads() on a model built only to plan");
+  const auto E = static_cast<std::size_t>(moe_experts());
+  std::vector<double> out(static_cast<std::size_t>(moe_blocks()) * E, 0.0);
+  // Token counts: exact in double, the same sum whichever records counted them.
+  impl_->each_routing([&](std::size_t b, const MoeRouting& r) {
+    for (std::size_t e = 0; e < E; ++e)
+      out[b * E + e] += r.load[e];
   });
   return out;
 }
 
 void DenseModel::reset_moe_loads() {
-  impl_->each_moe([&](const Moe&, const BlockActs& a) {
-    if (!a.moe.routing) return;
-    std::fill(a.moe.routing->load.begin(), a.moe.routing->load.end(), 0.0);
-    a.moe.routing->dropped = 0.0;
+  impl_->each_routing([&](std::size_t, MoeRouting& r) {
+    std::fill(r.load.begin(), r.load.end(), 0.0);
+    r.dropped = 0.0;
   });
 }
 
@@ -507,9 +548,7 @@ void DenseModel::set_expert_nodes(std::vector<std::int32_t> expert_node) {
 
 double DenseModel::moe_dropped() const {
   double out = 0.0;
-  impl_->each_moe([&](const Moe&, const BlockActs& a) {
-    if (a.moe.routing) out += a.moe.routing->dropped;
-  });
+  impl_->each_routing([&](std::size_t, const MoeRouting& r) { out += r.dropped; });
   return out;
 }
 

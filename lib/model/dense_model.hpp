@@ -158,8 +158,11 @@ class DenseModel {
   /// forward_backward's gradients include it with weight grad_scale x seq_len per sequence
   /// (the mean over the global batch's sequences when no target is ignored).
   double last_aux_loss() const;
+  /// Its terms, one per MoE block (this stage's, in order), of the last forward or
+  /// stage_forward (that record's): last_aux_loss() is their sum from 0 in this order.
+  std::vector<double> last_aux_losses() const;
   /// Tokens routed to each expert since the last reset_moe_loads(), (moe_blocks() x
-  /// moe_experts()) block-major.
+  /// moe_experts()) block-major, summed over the activation records (a stage's slots).
   std::vector<double> moe_loads() const;
   void reset_moe_loads();
   /// Auxiliary-loss-free balancing after an optimizer step: every MoE block's correction
@@ -185,7 +188,9 @@ class DenseModel {
   /// reset_moe_loads(), summed over the MoE blocks (counted forwards only).
   double moe_dropped() const;
   // The MoE functions above count the multi-token prediction module's block, when it is an
-  // MoE block, after the model's blocks.
+  // MoE block, after the model's blocks. A pipeline stage counts its own blocks only (its
+  // balance loss is stage_forward's, with the gradient in stage_backward like
+  // forward_backward's).
 
   // --- multi-token prediction (model.mtp_depth 1, layers/multi_token_prediction.hpp) ------
   bool has_mtp() const;

@@ -196,7 +196,18 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
   const bool low_precision = c.training.precision != config::Precision::fp32;
   const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
-  const auto memory_of = [&](const ModelMemory& mm) {
+  // The MoE blocks a rank holds: the whole model's (its MTP module's included), or a
+  // pipeline stage's.
+  const std::int64_t model_moe_blocks =
+      count_parameters(m).moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+  const auto stage_moe_blocks = [&](const StageBlocks& sb) {
+    std::int64_t n = 0;
+    for (std::int64_t l = sb.first; l < sb.last; ++l)
+      n += m.moe_layer(l) ? 1 : 0;
+    return n;
+  };
+  // `moe_records`: the MoE blocks' activation records (blocks x micro-batches in flight).
+  const auto memory_of = [&](const ModelMemory& mm, std::int64_t moe_records) {
     MemoryPlan mem;
     const std::uint64_t full = mm.parameters;  // one fp32 flat buffer (with alignment)
     const auto shard = [&](bool sharded) { return sharded ? (full + D - 1) / D : full; };
@@ -226,10 +237,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // backward (layers/moe_dispatch.hpp, host memory outside the arenas: inputs, outputs,
     // their gradients and the staging copy, 5 x d_model, and the SwiGLU's h1, h3, g and
     // g's gradient, 4 x moe_intermediate_size, fp32), planned at the balanced load of micro
-    // x seq_len x top-k rows per rank. (Pipeline stages hold no MoE block: refused.)
+    // x seq_len x top-k rows per rank, for each record (a pipeline stage's MoE blocks x
+    // its micro-batches in flight, each with its own exchange).
     if (layout.expert > 1 && m.n_routed_experts > 0) {
-      const std::int64_t blocks =
-          count_parameters(m).moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+      const std::int64_t blocks = moe_records;
       const auto rows = static_cast<std::uint64_t>(c.training.micro_batch_size * c.data.seq_len *
                                                    m.num_experts_per_tok);
       mem.activations += static_cast<std::uint64_t>(blocks) * rows *
@@ -247,7 +258,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   };
   ModelMemory mm = model.memory();
   auto& mem = plan.memory;
-  mem = memory_of(mm);
+  mem = memory_of(mm, model_moe_blocks);
   if (layout.pipeline != c.parallel.pipeline)
     throw Error("plan: the layout has " + std::to_string(layout.pipeline) +
                 " pipeline stages but the deck's parallel.pipeline is " +
@@ -268,7 +279,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       st.head = sb.head;
       st.parameters = part.params().parameter_count();
       st.in_flight = in_flight;
-      st.memory = memory_of(part.memory());
+      st.memory = memory_of(part.memory(), stage_moe_blocks(sb) * in_flight);
       if (s == 0 || st.memory.total() > mem.total()) {
         mem = st.memory;
         mm = part.memory();
@@ -310,9 +321,18 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // backward: 4 all-to-all-v per layer and micro-batch, of which (X-1)/X of the rows leave
   // the rank under the expected balanced load (training.recompute full: 2 more, the
   // forward's again). Not a ring: the bytes are what the rank sends.
+  // A pipeline stage's rank runs its own MoE blocks: the heaviest stage's are planned.
   const std::int64_t X = layout.expert;
-  const std::int64_t moe_blocks =
-      plan.params.moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+  std::int64_t moe_blocks = model_moe_blocks;
+  if (layout.pipeline > 1) {
+    moe_blocks = 0;
+    for (const Plan::Stage& ps : plan.stages) {
+      StageBlocks sb;
+      sb.first = ps.first;
+      sb.last = ps.last;
+      moe_blocks = std::max(moe_blocks, stage_moe_blocks(sb));
+    }
+  }
   if (X > 1 && moe_blocks > 0) {
     const double rows =
         static_cast<double>(c.training.micro_batch_size * c.data.seq_len * m.num_experts_per_tok);

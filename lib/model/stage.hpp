@@ -4,7 +4,9 @@
 /// "pipeline parallelism"): blocks [first, last), the embedding on the first stage, the
 /// final norm, the head and the loss on the last. A stage builds and allocates only its
 /// layers: its ParamStore holds their parameters (the same names as the whole model's),
-/// its activation arena one record per micro-batch in flight (`slots`).
+/// its activation arena one record per micro-batch in flight (`slots`). The blocks may be
+/// dense or DeepSeekMoE (latent attention or not): each record of an MoE block has its
+/// own host routing. The MTP module and tied embeddings are whole-model only.
 
 #include <cstdint>
 #include <vector>

@@ -193,6 +193,19 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     tensor_parallel_ = std::make_unique<model::TensorParallel>(*groups.tensor);
     model_->set_tensor_parallel(tensor_parallel_.get());
   }
+  // DeepSeekMoE blocks in the model, and on each stage (the balance loss and the loads are
+  // gathered over the pipeline group: every stage takes part, with or without MoE blocks).
+  moe_ = model_->moe_blocks() > 0;
+  if (stages_ > 1) {
+    for (int s = 0; s < stages_; ++s) {
+      const model::StageBlocks b = model::stage_blocks(config, s, 1);
+      std::size_t n = 0;
+      for (std::int64_t l = b.first; l < b.last; ++l)
+        n += config.model.moe_layer(l) ? 1 : 0;
+      stage_moe_blocks_.push_back(n);
+    }
+    moe_ = std::accumulate(stage_moe_blocks_.begin(), stage_moe_blocks_.end(), std::size_t{0}) > 0;
+  }
   // Expert parallelism: the MoE layers' routed experts split over the expert group.
   if (layout.expert > 1 && model_->moe_blocks() > 0) {
     experts_ = std::make_unique<model::ExpertParallel>(*groups.expert);
@@ -570,7 +583,7 @@ StepStats Trainer::step() {
       log::info(os.str());
     }
   }
-  if (model_->moe_blocks() > 0) balance_moe(st, aux_sum);
+  if (moe_) balance_moe(st, aux_sum);
   st.t_optimizer = since(t0) - gathered_s;
   st.t_comm += gathered_s;
   if (faults_.diverges_after(step_)) {  // the consistency check must see it
@@ -674,6 +687,9 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   const std::int64_t m = layout_.grad_accum_steps;
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   double waited = 0.0;
+  // The balance loss of this stage's MoE blocks, micro-batch-major (blocks within).
+  const std::size_t own_blocks = moe_ ? stage_moe_blocks_[static_cast<std::size_t>(stage_)] : 0;
+  stage_aux_.assign(static_cast<std::size_t>(m) * own_blocks, 0.0);
   for (const PipeOp& op : one_f_one_b(stages_, stage_, m)) {
     const auto slot = static_cast<std::size_t>(op.micro % slots_);
     const int tag = static_cast<int>(2 * op.micro) + (op.kind == PipeOp::Kind::backward ? 1 : 0);
@@ -689,6 +705,11 @@ void Trainer::pipeline_micro_batches(float backward_scale,
       loss_sum +=
           model_->stage_forward(slot, tokens_.data(), targets_.data(), backward_scale, true, &v);
       valid += v;
+      if (own_blocks > 0) {
+        const std::vector<double> terms = model_->last_aux_losses();
+        std::copy(terms.begin(), terms.end(),
+                  stage_aux_.begin() + static_cast<std::ptrdiff_t>(op.micro * own_blocks));
+      }
       st.t_forward += model_->last_forward_seconds();
       if (!last) send_to(stage_ + 1, model_->stage_output(slot), tag);
     } else {
@@ -705,6 +726,32 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   }
   waited += settle_sends(true);
   st.t_comm += waited;
+}
+
+double Trainer::pipeline_aux_sum() {
+  // Every stage's terms (one all-gather over the pipeline group), added as a one-stage run
+  // adds them: per micro-batch the blocks' in the model's order from 0, then that sum.
+  const std::int64_t m = layout_.grad_accum_steps;
+  std::vector<std::size_t> counts, starts;
+  std::size_t total = 0;
+  for (const std::size_t n : stage_moe_blocks_) {
+    starts.push_back(total);
+    counts.push_back(static_cast<std::size_t>(m) * n);
+    total += counts.back();
+  }
+  std::vector<double> all(total, 0.0);
+  std::copy(stage_aux_.begin(), stage_aux_.end(),
+            all.begin() + static_cast<std::ptrdiff_t>(starts[static_cast<std::size_t>(stage_)]));
+  groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
+  double aux_sum = 0.0;
+  for (std::int64_t mb = 0; mb < m; ++mb) {
+    double sum = 0.0;
+    for (std::size_t s = 0; s < stage_moe_blocks_.size(); ++s)
+      for (std::size_t b = 0; b < stage_moe_blocks_[s]; ++b)
+        sum += all[starts[s] + static_cast<std::size_t>(mb) * stage_moe_blocks_[s] + b];
+    aux_sum += sum;
+  }
+  return aux_sum;
 }
 
 std::string Trainer::name_nonfinite_across_stages(const GradBuckets& buckets) {
@@ -759,6 +806,8 @@ void Trainer::arm_alltoallv_hang() {
 }
 
 void Trainer::balance_moe(StepStats& st, double aux_sum) {
+  // Stages: the whole model's balance loss from every stage's terms.
+  if (stages_ > 1) aux_sum = pipeline_aux_sum();
   // Loads of every MoE block and this rank's balance loss, summed over the data group:
   // every rank then moves the biases alike (counts are exact in double).
   std::vector<double> sums = model_->moe_loads();
@@ -772,8 +821,30 @@ void Trainer::balance_moe(StepStats& st, double aux_sum) {
   model_->reset_moe_loads();
   // The bias follows the optimizer: a skipped step moves nothing.
   if (!st.skipped) model_->update_moe_bias(sums, cfg_.model.moe.bias_update_rate);
-  const std::vector<float> bias = model_->moe_bias();
-  const std::int64_t E = model_->moe_experts(), blocks = model_->moe_blocks();
+  std::vector<float> bias = model_->moe_bias();
+  const std::int64_t E = cfg_.model.n_routed_experts;
+  std::int64_t blocks = model_->moe_blocks();
+  if (stages_ > 1) {
+    // The metrics cover the whole model: every stage's loads and biases in block order
+    // (all-gathers over the pipeline group), the dropped rows summed (exact counts).
+    std::vector<std::size_t> counts;
+    std::size_t at = 0, total = 0;
+    for (std::size_t s = 0; s < stage_moe_blocks_.size(); ++s) {
+      counts.push_back(stage_moe_blocks_[s] * static_cast<std::size_t>(E));
+      if (static_cast<int>(s) < stage_) at += counts.back();
+      total += counts.back();
+    }
+    std::vector<double> loads(total, 0.0);
+    std::vector<float> biases(total, 0.0f);
+    std::copy(sums.begin(), sums.end(), loads.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(bias.begin(), bias.end(), biases.begin() + static_cast<std::ptrdiff_t>(at));
+    groups_.pipeline->iallgather_blocks(loads.data(), counts, DType::f64).wait();
+    groups_.pipeline->iallgather_blocks(biases.data(), counts, DType::f32).wait();
+    groups_.pipeline->allreduce(&st.moe_dropped, 1, DType::f64, comm::ReduceOp::sum);
+    sums = std::move(loads);
+    bias = std::move(biases);
+    blocks = static_cast<std::int64_t>(total) / E;
+  }
   idle_steps_.resize(sums.size(), 0);
   // Tokens that reach the MoE blocks: each routes to num_experts_per_tok experts.
   const double tokens =

@@ -289,8 +289,16 @@ class Trainer {
   /// DeepSeekMoE after a step: one all-reduce over the data group of the MoE blocks'
   /// expert loads and the balance loss (`aux_sum`, this rank's), the correction biases'
   /// update (auxiliary-loss-free balancing, model.moe.bias_update_rate) unless the step was
-  /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps.
+  /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps. With stages,
+  /// `aux_sum` is ignored for pipeline_aux_sum(); each stage moves its own blocks' biases
+  /// from its own loads (summed over its data group); st.moe then covers every stage's
+  /// blocks (gathered over the pipeline group).
+  /// Collective over the data group and, with stages, the pipeline group: every stage
+  /// calls it, also one without MoE blocks.
   void balance_moe(StepStats& st, double aux_sum);
+  /// The model has DeepSeekMoE blocks (on any stage), and each stage's count of them.
+  bool moe_ = false;
+  std::vector<std::size_t> stage_moe_blocks_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
   /// Stages, this rank's stage, and the activation records it keeps (micro-batches in
   /// flight under 1F1B).
@@ -324,10 +332,16 @@ class Trainer {
   /// Waits every send in flight (all = false: only drops those complete); the seconds.
   double settle_sends(bool all);
   /// The 1F1B order of this stage over the step's micro-batches (train/pipeline_schedule):
-  /// adds the loss sum and its tokens (last stage) and the phase timers.
+  /// adds the loss sum and its tokens (last stage) and the phase timers; keeps the balance
+  /// loss of this stage's MoE blocks per micro-batch in stage_aux_.
   void pipeline_micro_batches(float backward_scale,
                               const std::function<void(std::size_t)>& on_ready, double& loss_sum,
                               std::int64_t& valid, StepStats& st);
+  /// The step's balance loss of the whole model: every stage's stage_aux_ (one all-gather
+  /// over the pipeline group) added in a one-stage run's order, per micro-batch the blocks'
+  /// from 0, then those sums: the same double. Collective over the pipeline group.
+  double pipeline_aux_sum();
+  std::vector<double> stage_aux_;  ///< (micro-batches x this stage's MoE blocks)
   /// Non-finite gradients with stages: "rank R, tensor NAME[i]" of the lowest world rank
   /// whose own gradient had one, or of the lowest tensor over the stages when none had
   /// (the sums overflowed). Collective over every rank.

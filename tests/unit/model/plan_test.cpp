@@ -5,6 +5,7 @@
 
 #include "config/deck.hpp"
 #include "core/error.hpp"
+#include "model/dense_model.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -192,6 +193,56 @@ TEST(Plan, PipelineStagesHoldTheirLayers) {
   EXPECT_EQ(staged.memory.total(), heaviest);
   pp2.pipeline = 4;
   EXPECT_THROW(dst::model::make_plan(c, pp2), dst::Error);
+}
+
+// Stages holding DeepSeekMoE blocks (DeepSeek-V2-Lite: 27 blocks, block 0 dense): each
+// stage's memory is its own model's (the MoE blocks' host routing once per micro-batch in
+// flight), expert parallelism's kept rows count the stage's MoE blocks x its records, and
+// the all-to-all per rank the heaviest stage's MoE blocks.
+TEST(Plan, PipelineStagesHoldMoeBlocks) {
+  dst::config::RunConfig c;
+  c.model = dst::config::preset_model("deepseek-v2-lite");
+  c.data.seq_len = 512;
+  c.training.micro_batch_size = 1;
+  c.parallel.pipeline = 3;
+  c.parallel.pipeline_layers = {7, 10, 10};
+  dst::config::Layout pp3;
+  pp3.world_size = 6;
+  pp3.pipeline = 3;
+  pp3.data = 2;
+  pp3.expert = 2;
+  pp3.global_batch_size = 8;
+  pp3.grad_accum_steps = 4;
+  const auto plan = dst::model::make_plan(c, pp3);
+  ASSERT_EQ(plan.stages.size(), 3u);
+  std::int64_t parameters = 0;
+  for (const auto& s : plan.stages)
+    parameters += s.parameters;
+  EXPECT_EQ(parameters, plan.params.total());
+  const std::int64_t T = 512, K = 6;
+  const std::uint64_t kept_row = (5 * 2048 + 4 * 1408) * sizeof(float);
+  const std::int64_t moe_blocks[3] = {6, 10, 10};  // block 0 is dense
+  for (int s = 0; s < 3; ++s) {
+    const auto& st = plan.stages[static_cast<std::size_t>(s)];
+    EXPECT_EQ(st.in_flight, std::min<std::int64_t>(3 - s, 4));
+    const dst::model::StageBlocks sb = dst::model::stage_blocks(c, s, st.in_flight);
+    const dst::model::DenseModel part(c.model, 1, T, dst::tensor::Arena::Mode::plan, {},
+                                      dst::DType::f32, true, nullptr, nullptr,
+                                      dst::config::Recompute::none, false, sb);
+    EXPECT_EQ(part.moe_blocks(), moe_blocks[s]);
+    const std::uint64_t ep =
+        static_cast<std::uint64_t>(moe_blocks[s] * st.in_flight * T * K) * kept_row;
+    EXPECT_EQ(st.memory.activations, part.memory().activations + ep) << "stage " << s;
+  }
+  // The routing records: stage 1's 10 MoE blocks keep 2 micro-batches' routing, stage 2's one.
+  EXPECT_GT(plan.stages[1].memory.activations, plan.stages[2].memory.activations);
+  const double rows = static_cast<double>(T * K) * 2048 * sizeof(float);
+  EXPECT_DOUBLE_EQ(plan.alltoall_bytes_per_moe_layer, 4.0 * 4 * 0.5 * rows);
+  const auto a2a = std::find_if(plan.collectives.begin(), plan.collectives.end(),
+                                [](const auto& x) { return x.what.find("all-to-all") == 0; });
+  ASSERT_NE(a2a, plan.collectives.end());
+  EXPECT_NE(a2a->what.find(": 10 MoE layers x"), std::string::npos) << a2a->what;
+  EXPECT_DOUBLE_EQ(a2a->bytes_per_rank, 10 * plan.alltoall_bytes_per_moe_layer);
 }
 
 TEST(Plan, ZeroStagesDivideWhatOnlyTheOptimizerStepReads) {

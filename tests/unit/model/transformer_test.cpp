@@ -277,6 +277,120 @@ TEST(PipelineStages, ThreeStagesGiveTheWholeModelsLossAndGradients) {
     }
 }
 
+// The same with latent attention and DeepSeekMoE blocks (block 0 dense, 1-2 MoE with a
+// sigmoid router, its correction bias and the balance loss), in 1F1B's order for three
+// stages and two micro-batches: stages 0 and 1 hold both micro-batches at once (two
+// records each), so a routing shared between records would give stage 1's first backward
+// the second micro-batch's choices. Losses, balance losses, gradients (the balance loss's
+// included) and the expert loads (summed over the records) are the whole model's bit for bit.
+TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
+  auto m = three_blocks();
+  m.n_kv_heads = 2;
+  m.kv_lora_rank = 8;
+  m.qk_nope_head_dim = 4;
+  m.qk_rope_head_dim = 4;
+  m.v_head_dim = 4;
+  m.n_routed_experts = 4;
+  m.n_shared_experts = 1;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 6;
+  m.first_k_dense_replace = 1;
+  m.moe.score = dst::config::MoeScore::sigmoid;
+  m.moe.seq_aux_loss_alpha = 0.1;
+  const std::int64_t B = 2, T = 4, N = B * T;
+  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  whole.params().initialize(7);
+  whole.refresh_compute_params();
+  std::vector<std::unique_ptr<DenseModel>> st;
+  for (int s = 0; s < 3; ++s) {
+    dst::model::StageBlocks sb;
+    sb.first = s;
+    sb.last = s + 1;
+    sb.embedding = s == 0;
+    sb.head = s == 2;
+    sb.slots = s == 2 ? 1 : 2;
+    st.push_back(std::make_unique<DenseModel>(
+        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
+        nullptr, dst::config::Recompute::none, false, sb));
+    st.back()->params().initialize(7);
+    st.back()->refresh_compute_params();
+    st.back()->params().zero_grads();
+  }
+  EXPECT_EQ(st[0]->moe_blocks(), 0);
+  EXPECT_EQ(st[1]->moe_blocks(), 1);
+  EXPECT_EQ(st[2]->moe_blocks(), 1);
+  EXPECT_EQ(whole.moe_blocks(), 2);
+
+  std::vector<std::vector<std::int32_t>> tokens(2), targets(2);
+  for (int micro = 0; micro < 2; ++micro)
+    for (std::int64_t i = 0; i < N; ++i) {
+      tokens[micro].push_back(static_cast<std::int32_t>((i * 5 + micro * 3) % 13));
+      targets[micro].push_back(static_cast<std::int32_t>((i * 7 + micro) % 13));
+    }
+  whole.params().zero_grads();
+  double whole_loss = 0.0, whole_aux = 0.0;
+  for (int micro = 0; micro < 2; ++micro) {
+    whole_loss += whole.forward_backward(tokens[micro].data(), targets[micro].data(), 0.25f);
+    whole_aux += whole.last_aux_loss();
+  }
+  ASSERT_GT(whole_aux, 0.0);
+
+  const auto copy = [](const Tensor& from, const Tensor& to) {
+    std::memcpy(to.data, from.data, static_cast<std::size_t>(from.numel()) * sizeof(float));
+  };
+  double loss = 0.0;
+  std::vector<double> aux(2, 0.0);  // per micro-batch: block 1's term, then block 2's
+  const auto forward = [&](int s, int micro) {
+    const auto slot = static_cast<std::size_t>(s == 2 ? 0 : micro);
+    if (s > 0)
+      copy(st[s - 1]->stage_output(static_cast<std::size_t>(micro)), st[s]->stage_input(slot));
+    loss += st[s]->stage_forward(slot, tokens[micro].data(), targets[micro].data(), 0.25f, true);
+    for (const double a : st[s]->last_aux_losses())
+      aux[static_cast<std::size_t>(micro)] += a;
+  };
+  const auto backward = [&](int s, int micro) {
+    if (s < 2) copy(st[s + 1]->stage_gradient(), st[s]->stage_gradient());
+    st[s]->stage_backward(static_cast<std::size_t>(s == 2 ? 0 : micro));
+  };
+  // 1F1B (train/pipeline_schedule): stage 0 F0 F1 B0 B1, stage 1 F0 F1 B0 B1, stage 2 F0
+  // B0 F1 B1; interleaved as the messages allow.
+  forward(0, 0);
+  forward(0, 1);
+  forward(1, 0);
+  forward(2, 0);
+  backward(2, 0);
+  forward(1, 1);  // stage 1 now holds micro-batch 1's routing beside micro-batch 0's
+  backward(1, 0);
+  backward(0, 0);
+  forward(2, 1);
+  backward(2, 1);
+  backward(1, 1);
+  backward(0, 1);
+  EXPECT_EQ(loss, whole_loss);
+  EXPECT_EQ(aux[0] + aux[1], whole_aux);
+  std::vector<double> loads = st[1]->moe_loads();
+  const std::vector<double> last = st[2]->moe_loads();
+  loads.insert(loads.end(), last.begin(), last.end());
+  EXPECT_EQ(loads, whole.moe_loads());
+  for (const auto& s : st)
+    for (const auto& spec : s->params().specs()) {
+      const Tensor a = s->params().grad(spec.name), b = whole.params().grad(spec.name);
+      ASSERT_EQ(a.numel(), b.numel()) << spec.name;
+      EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<std::size_t>(a.numel()) * sizeof(float)), 0)
+          << spec.name;
+    }
+  // Each stage moves its own block's bias from its own loads, as the whole model does.
+  whole.update_moe_bias(whole.moe_loads(), 0.5);
+  st[1]->update_moe_bias(st[1]->moe_loads(), 0.5);
+  st[2]->update_moe_bias(st[2]->moe_loads(), 0.5);
+  std::vector<float> bias = st[1]->moe_bias();
+  const std::vector<float> bias2 = st[2]->moe_bias();
+  bias.insert(bias.end(), bias2.begin(), bias2.end());
+  EXPECT_EQ(bias, whole.moe_bias());
+  st[1]->reset_moe_loads();
+  EXPECT_EQ(st[1]->moe_loads(), std::vector<double>(4, 0.0));
+}
+
 TEST(PipelineStages, StageBlocksFromTheDeck) {
   dst::config::RunConfig c;
   c.model = three_blocks();

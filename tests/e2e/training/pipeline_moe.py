@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Pipeline stages holding DeepSeekMoE blocks (parallel.pipeline with model.preset
+tiny-moe: latent attention, block 0 dense, blocks 1-3 MoE with a sigmoid router, its
+correction bias and the sequence-wise balance loss) end to end, the same global batch
+(micro-batch 2 x 4 micro-batches = 8 sequences) in every layout, 10 steps, a bias update
+rate fast enough to move the choices (0.01):
+
+  PP=2, PP=4 (stage 0 holds the dense block only),
+  PP=2 with training.recompute full,
+  PP=2 with training.recompute selective   vs PP=1: bit-identical losses, gradient norms,
+                                           balance losses, per-block expert loads and
+                                           correction biases (metrics.jsonl's "moe"), and
+                                           every tensor of final-params.h5
+  PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
+  DP=2 x PP=2 on 4 ranks                   vs DP=2 on 2 ranks: the same, bit for bit
+  DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
+  DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: the same
+  the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
+  it resumes on PP=1                       == PP=1's steps 6-10 bit for bit
+(the validation losses of steps 5 and 10, through the stages' forward, alike).
+
+Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
+micro-batches (1F1B keeps a micro-batch per activation record, each with its own MoE
+routing); its gradient accumulates the micro-batches in the same order; the loss sums
+add +0 from the other stages; the balance loss's terms (one per micro-batch and MoE
+block) are gathered over the pipeline group and added in the one-stage run's order; the
+expert loads are exact counts, summed over the data group per stage, and each stage moves
+its own blocks' biases from them. Nothing changes the order of a floating-point sum, so
+any difference is a bug (a micro-batch's routing overwritten by another in flight, the
+balance loss's gradient lost on a stage, a bias moved from another stage's loads).
+
+usage: pipeline_moe.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
+"""
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+from training_e2e import setup
+
+STEPS = 10
+SEQ, MICRO, GLOBAL = 64, 2, 8
+
+
+def main():
+    st = setup(SEQ)
+    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
+    mpiexec, numproc_flag, preflags = *st.launch, st.preflags
+    problems = []
+
+    def run(name, ranks, sets, layout):
+        out = os.path.join(work, name)
+        cmd = [mpiexec, numproc_flag, str(ranks), "--oversubscribe", *preflags, dstrain, "train",
+               deck, "--set", "model.preset=tiny-moe", "--set", f"data.train={data}/train.txt",
+               "--set", f"data.valid={data}/valid.txt", "--set", "data.text_separator=",
+               "--set", f"data.seq_len={SEQ}", "--set", f"training.micro_batch_size={MICRO}",
+               "--set", f"training.global_batch_size={GLOBAL}",
+               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
+               "--set", "model.moe.bias_update_rate=0.01",
+               "--set", "model.moe.seq_aux_loss_alpha=0.01",
+               "--set", "logging.every_steps=1", "--set", "eval.every_steps=5",
+               "--set", "eval.batches=1", "--set", "checkpoint.every_steps=5",
+               "--set", f"run.output_dir={out}"]
+        for s in sets:
+            cmd += ["--set", s]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stdout + r.stderr)
+            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
+        if layout not in r.stdout + r.stderr:
+            print(r.stdout + r.stderr)
+            raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        steps = [(x["step"], x["loss"], x["grad_norm"], x["aux_loss"], x["moe"],
+                  x.get("moe_dropped_rows"))
+                 for x in recs if x.get("type") == "step"]
+        evals = [(x["step"], x["val_loss"]) for x in recs if x.get("type") == "eval"]
+        with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
+            params = {k: np.array(f["params"][k]) for k in f["params"]}
+        return out, steps, params, evals
+
+    def same_bits(name, a, b, first_step=1):
+        """a: (steps, params, evals) of the run checked; b: the reference's."""
+        ref_steps = [s for s in b[0] if s[0] >= first_step]
+        ref_evals = [e for e in b[2] if e[0] >= first_step]
+        if a[2] != ref_evals or not ref_evals:
+            problems.append(f"{name}: validation losses {a[2]} vs {ref_evals}")
+        if len(a[0]) != len(ref_steps) or not ref_steps:
+            problems.append(f"{name}: {len(a[0])} steps logged, the reference {len(ref_steps)}")
+            return
+        for got, want in zip(a[0], ref_steps):
+            if got[:4] != want[:4]:
+                problems.append(f"{name}: step {want[0]}: (step, loss, norm, aux loss) {got[:4]} "
+                                f"vs {want[:4]}")
+                break
+            if got[4] != want[4] or len(want[4]) != 3:
+                problems.append(f"{name}: step {want[0]}: the MoE blocks' loads and biases "
+                                f"{got[4]} vs {want[4]}")
+                break
+            if got[5] != want[5]:
+                problems.append(f"{name}: step {want[0]}: {got[5]} rows dropped by the "
+                                f"capacity vs {want[5]}")
+                break
+        differing = [k for k in b[1] if not np.array_equal(a[1].get(k), b[1][k])]
+        biases = [k for k in b[1] if "e_score_correction_bias" in k]
+        if sorted(a[1]) != sorted(b[1]) or differing or len(biases) != 3:
+            problems.append(f"{name}: {len(differing)} tensors differ in final-params.h5"
+                            + (f", first {differing[0]}" if differing else "")
+                            + f" ({len(biases)} correction biases)")
+        else:
+            print(f"{name}: bit-identical ({len(a[0])} steps with aux loss and 3 MoE blocks' "
+                  f"balance, {len(a[1])} tensors with {len(biases)} correction biases)")
+
+    lay = "data {} x tensor 1 x pipeline {}"
+    pp1_out, *pp1 = run("pp1", 1, [], lay.format(1, 1))
+    moved = [k for k in pp1[1] if "e_score_correction_bias" in k and np.any(pp1[1][k] != 0)]
+    if len(moved) != 3 or pp1[0][-1][3] <= 0:
+        problems.append(f"PP=1: the correction biases moved in {len(moved)} of 3 blocks, the "
+                        f"balance loss {pp1[0][-1][3]}: the test does not exercise balancing")
+    pp2_out, *pp2 = run("pp2", 2, ["parallel.pipeline=2"], lay.format(1, 2))
+    same_bits("PP=2 vs PP=1", pp2, pp1)
+    _, *pp4 = run("pp4", 4, ["parallel.pipeline=4"], lay.format(1, 4))
+    same_bits("PP=4 vs PP=1", pp4, pp1)
+    _, *rec = run("pp2-recompute", 2, ["parallel.pipeline=2", "training.recompute=full"],
+                  lay.format(1, 2))
+    same_bits("PP=2 recompute full vs PP=1 (none)", rec, pp1)
+    _, *sel = run("pp2-selective", 2, ["parallel.pipeline=2", "training.recompute=selective"],
+                  lay.format(1, 2))
+    same_bits("PP=2 recompute selective vs PP=1 (none)", sel, pp1)
+    # The experts' capacity: the rows each stage drops, summed over the stages.
+    cap = ["model.moe.capacity_factor=0.5"]
+    _, *cap1 = run("pp1-capacity", 1, cap, lay.format(1, 1))
+    _, *cap2 = run("pp2-capacity", 2, cap + ["parallel.pipeline=2"], lay.format(1, 2))
+    same_bits("PP=2 capacity 0.5 vs PP=1 capacity 0.5", cap2, cap1)
+    if not all(s[5] and s[5] > 0 for s in cap1[0]):
+        problems.append(f"capacity 0.5 dropped no rows: {[s[5] for s in cap1[0]]}")
+    _, *dp2 = run("dp2", 2, [], lay.format(2, 1))
+    _, *dp2pp2 = run("dp2pp2", 4, ["parallel.pipeline=2"], lay.format(2, 2))
+    same_bits("DP=2 x PP=2 vs DP=2", dp2pp2, dp2)
+    # ZeRO 1 shards each stage's buffers over its data ranks; the biases move after the
+    # parameters are gathered back.
+    _, *zero1 = run("dp2pp2-zero1", 4, ["parallel.pipeline=2", "parallel.zero_stage=1"],
+                    lay.format(2, 2))
+    same_bits("DP=2 x PP=2 ZeRO 1 vs DP=2 x PP=2", zero1, dp2pp2)
+    ep = ["parallel.expert=2", "parallel.backend=mpi"]
+    _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
+    _, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
+    same_bits("DP=2 x expert 2 x PP=2 vs DP=2 x expert 2", ep2pp2, ep2)
+
+    # The checkpoints hold the whole model whatever the layout: PP=2's == PP=1's.
+    ck = "checkpoints/step-5.h5"
+
+    def datasets(f):
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset)
+                     and (n.startswith("params/") or n.startswith("optimizer/")) else None)
+        return names
+
+    with h5py.File(os.path.join(pp1_out, ck), "r") as a, \
+            h5py.File(os.path.join(pp2_out, ck), "r") as b:
+        names, bnames = datasets(a), datasets(b)
+        differing = [n for n in names if n not in b or not np.array_equal(a[n][()], b[n][()])]
+        if sorted(names) != sorted(bnames) or differing or not names:
+            problems.append(f"checkpoint step 5: PP=2's {len(bnames)} tensors vs PP=1's "
+                            f"{len(names)}, {len(differing)} differ")
+        else:
+            print(f"checkpoint step 5: PP=2 == PP=1 ({len(names)} tensors, bit for bit)")
+
+    resume = f"checkpoint.resume={os.path.join(pp2_out, ck)}"
+    _, *r1 = run("resume-pp1", 1, [resume], lay.format(1, 1))
+    same_bits("PP=2 checkpoint resumed on PP=1 vs PP=1", r1, pp1, first_step=6)
+
+    print("losses PP=1: " + " ".join(f"{s[1]:.6f}" for s in pp1[0]))
+    print("aux losses PP=1: " + " ".join(f"{s[3]:.4e}" for s in pp1[0]))
+    if problems:
+        print("\n".join(problems))
+        print("FAILED: pipeline stages with DeepSeekMoE blocks do not give the one-stage run")
+        return 1
+    print("pipeline moe: PP=2 == PP=4 == PP=1 bit for bit with MoE blocks; DP=2 x PP=2 == DP=2; "
+          "expert 2 x PP=2 == expert 2; checkpoints resume across layouts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
