@@ -563,11 +563,19 @@ StepStats Trainer::step() {
     std::ostringstream os;
     os << "non-finite gradients at step " << step_;
     if (first[0] != std::numeric_limits<std::int64_t>::max()) {
-      std::int64_t offset = groups_.world->rank() == first[0] ? first_nonfinite_offset() : -1;
-      groups_.data->allreduce(&offset, 1, DType::i64, comm::ReduceOp::max);
-      const auto i = tensor_at(ps, static_cast<std::size_t>(offset));
-      os << ": first on rank " << first[0] << ", tensor " << ps.spec(i).name << "["
-         << static_cast<std::size_t>(offset) - ps.spec(i).offset << "]";
+      // That rank names it: its tensor in the whole model's layout (expert parallelism:
+      // its own experts are not the other ranks'), and the element.
+      std::int64_t where[2] = {-1, -1};
+      if (groups_.world->rank() == first[0]) {
+        const auto offset = static_cast<std::size_t>(first_nonfinite_offset());
+        const auto i = tensor_at(ps, offset);
+        where[0] = static_cast<std::int64_t>(logical_parameters().index_of(ps.spec(i).name));
+        where[1] = static_cast<std::int64_t>(offset - ps.spec(i).offset);
+      }
+      groups_.data->allreduce(where, 2, DType::i64, comm::ReduceOp::max);
+      os << ": first on rank " << first[0] << ", tensor "
+         << logical_parameters().spec(static_cast<std::size_t>(where[0])).name << "[" << where[1]
+         << "]";
     } else {
       // ZeRO over MPI: each rank scans the sums it holds; the lowest tensor over the ranks.
       auto nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
