@@ -358,6 +358,8 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = step_;
   const auto t_step = Clock::now();
+  // Expert parallelism: the whole model gathered for the last checkpoint is no longer viewed.
+  if (!ep_state_.empty()) std::vector<float>().swap(ep_state_);
   if (optimizer_->sharded()) {
     // ZeRO: the moments gathered whole for the last checkpoint are no longer viewed.
     std::vector<float>().swap(host_m_);

@@ -175,7 +175,9 @@ class Trainer {
   /// On a device they view a host copy, taken by this call (restore() copies it back).
   /// Where the ranks share the update, or under ZeRO, this first gathers the moments of
   /// the other ranks' parts (collective over the data group, every rank calls it; under
-  /// ZeRO into host buffers of the whole size, held until the next step).
+  /// ZeRO into host buffers of the whole size, held until the next step). With expert
+  /// parallelism (each rank its own experts) every expert is gathered from its owner: the
+  /// whole model on every rank, collective over the expert group, held until the next step.
   std::vector<ckpt::TensorRef> checkpoint_tensors() const;
   /// The scalars of the state (step, sampler position, samples seen, optimizer and
   /// skipped steps, seed, layout); the caller adds the deck and version texts.
@@ -205,7 +207,8 @@ class Trainer {
   /// gathered whole (collective over the data group, every rank calls it). Empty when
   /// the model's parameters are the master (write those). With pipeline stages: every
   /// stage's parameters (the master where it is sharded) in logical_parameters()' layout
-  /// (collective over every rank).
+  /// (collective over every rank). Expert parallelism: every expert from its owner, in that
+  /// layout (collective over the expert group).
   std::vector<float> master_parameters() const;
   const AdamW& optimizer() const { return *optimizer_; }
   const tensor::ExecContext& context() const { return ctx_; }
