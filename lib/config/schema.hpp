@@ -426,9 +426,12 @@ void visit_parallel(V& v, S&... s) {
                "experts of every MoE layer are split over groups of this many consecutive data "
                "ranks, tokens dispatched to their experts' ranks by all-to-all; must divide "
                "model.n_routed_experts and the data ranks; 1 = every rank computes every "
-               "expert. Dropless unless model.moe.capacity_factor; node-limited routing by "
-               "model.moe.max_nodes_per_token; host memory and the mpi or shm back end only "
-               "(the NCCL all-to-all exists, the dispatch on a GPU does not).")
+               "expert. Each rank stores only its own experts (parameters, gradients, AdamW "
+               "moments; their gradients summed over the ranks holding the same ones), "
+               "checkpoints every expert whole. Dropless unless model.moe.capacity_factor; "
+               "node-limited routing by model.moe.max_nodes_per_token; host memory and the "
+               "mpi back end only, parallel.zero_stage 0 (the NCCL all-to-all exists, the "
+               "dispatch on a GPU does not; ZeRO and shm do not cover per-rank experts yet).")
               .at_least(1)
               .at_most(kIntMax),
           s.expert...);

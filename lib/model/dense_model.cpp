@@ -73,7 +73,8 @@ struct DenseModel::Impl {
   double forward_s = 0.0, backward_s = 0.0;
   std::vector<float> host_losses;  // per-token losses of a device, copied to the host
 
-  Impl(const config::ModelSection& m, const TensorSlice& tp) : net(m, tp) {}
+  Impl(const config::ModelSection& m, const TensorSlice& tp, const ExpertSlice& ep)
+      : net(m, tp, ep) {}
 
   void take_all() {
     const auto slots = static_cast<std::size_t>(stage.slots);
@@ -211,8 +212,8 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
                        tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
                        bool deterministic, float* gradient_memory, float* param_memory,
                        config::Recompute recompute, bool master_outside, const StageBlocks& stage,
-                       const TensorSlice& tp)
-    : impl_(std::make_unique<Impl>(m, tp)),
+                       const TensorSlice& tp, const ExpertSlice& ep)
+    : impl_(std::make_unique<Impl>(m, tp, ep)),
       params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(stage), mode, ctx,
                                            gradient_memory, param_memory)),
       B_(batch),
@@ -525,6 +526,11 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
 }
 
 void DenseModel::set_expert_parallel(ExpertParallel* ep) {
+  const ExpertSlice want = impl_->net.expert_slice();
+  if (want.size > 1 && moe_blocks() > 0 &&
+      (ep == nullptr || ep->size() != want.size || ep->rank() != want.rank))
+    throw Error("model: built as expert slice " + std::to_string(want.rank) + " of " +
+                std::to_string(want.size) + ", given another expert group");
   impl_->c.experts = ep;
 }
 

@@ -20,6 +20,7 @@
 
 #include "config/run_config.hpp"
 #include "model/layers/head.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "model/param_store.hpp"
 #include "model/stage.hpp"
 #include "tensor/arena.hpp"
@@ -63,13 +64,15 @@ class DenseModel {
   /// rank's optimizer holds its shard of them), and the parameter buffer (params()) *is*
   /// the compute copy: no second parameter-sized buffer; refresh_compute_params() rounds
   /// it in place. Nothing changes for f32. `tp`: this rank's tensor-parallel slice of the
-  /// layers (layers/tensor_parallel.hpp); set_tensor_parallel() gives the group.
+  /// layers (layers/tensor_parallel.hpp); set_tensor_parallel() gives the group. `ep`:
+  /// this rank's expert slice (its routed experts only, layers/moe_dispatch.hpp);
+  /// set_expert_parallel() gives the group, which a forward then needs.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
              tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
              bool deterministic = true, float* gradient_memory = nullptr,
              float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none,
              bool master_outside = false, const StageBlocks& stage = StageBlocks::whole(),
-             const TensorSlice& tp = {});
+             const TensorSlice& tp = {}, const ExpertSlice& ep = {});
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -174,6 +177,8 @@ class DenseModel {
   /// Expert parallelism (parallel.expert > 1): the MoE layers' routed products run over
   /// the expert group of `ep` (layers/moe_dispatch.hpp), every forward and backward then
   /// collective over it; nullptr: every expert on this rank (the default). Not owned.
+  /// Throws dst::Error if the model was built for an expert slice (ExpertSlice) that
+  /// `ep`'s rank and size do not match.
   void set_expert_parallel(ExpertParallel* ep);
   /// Tensor parallelism: the group whose ranks hold the other slices of a model built with
   /// a TensorSlice (its rank and size must match); every forward and backward is then

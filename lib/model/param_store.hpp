@@ -53,6 +53,10 @@ struct ParamSpec {
   /// tensor along the split's dimension (column, vocab: rows; row: columns); 1: whole.
   int tp_rank = 0;
   int tp_size = 1;
+  /// Expert parallelism (layers/moe_dispatch.hpp): > 1 for a routed expert's tensor held
+  /// by the ranks of one expert slot only (1 / ep_size of the experts per rank): its
+  /// gradient is summed over the expert-data group, not the data group.
+  int ep_size = 1;
 };
 
 /// The logical (whole) shape of a parameter of which `s` may be a tensor-parallel slice.

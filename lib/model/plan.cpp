@@ -179,19 +179,27 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                 " tensor-parallel ranks but the deck's parallel.tensor is " +
                 std::to_string(c.parallel.tensor));
   const TensorSlice slice{0, layout.tensor};
+  // Expert parallelism: expert slot 0 of the group, which holds 1 / layout.expert of the
+  // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). Not with
+  // pipeline stages (the trainer keeps every expert on every rank there).
+  const ExpertSlice experts{0, m.n_routed_experts > 0 && layout.pipeline == 1 ? layout.expert : 1};
+  if (experts.size > 1 && options.zero_stage > 0 && layout.data > 1)
+    throw Error(expert_zero_refusal(layout.expert, options.zero_stage));
   const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                          DType::f32, true, nullptr, nullptr, c.training.recompute, false,
-                         StageBlocks::whole(), slice);
+                         StageBlocks::whole(), slice, experts);
   std::int64_t logical = 0;
   for (const ParamSpec& s : model.params().specs())
-    logical += logical_shape(s).numel();
+    logical += logical_shape(s).numel() * s.ep_size;  // an expert slot's: every slot's
   if (logical != plan.params.total())
     throw Error("plan: the model's layout has " + std::to_string(logical) +
                 " parameters but the closed form gives " + std::to_string(plan.params.total()));
 
   // Every rank holds the whole model for its forward and backward, or with pipeline
   // stages its stage's layers (the heaviest stage plans the memory per rank), or with
-  // tensor parallelism its slice of them: data-parallel ranks are replicas. ZeRO divides
+  // tensor parallelism its slice of them, or with expert parallelism its 1 / expert of the
+  // routed experts (their parameters, gradients and moments): data-parallel ranks are
+  // replicas (of the same experts: the expert-data group). ZeRO divides
   // what only the optimizer step reads by the data ranks.
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
   const bool low_precision = c.training.precision != config::Precision::fp32;
@@ -301,7 +309,26 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       plan.collectives.push_back({std::move(what), bytes, factor * share * bytes});
       plan.comm_bytes_per_step += factor * share * bytes;
     };
-    if (options.zero_stage == 0) {
+    // Expert parallelism: the own experts' part of the buffer (the last, layers/
+    // moe_dispatch.hpp) is summed over the expert-data group of D / X ranks only.
+    std::uint64_t own_experts = 0;
+    for (const ParamSpec& s : model.params().specs())
+      if (s.ep_size > 1) {
+        own_experts = (model.params().buffer_elements() - s.offset) * sizeof(float);
+        break;
+      }
+    if (options.zero_stage == 0 && own_experts > 0) {
+      add("all-reduce of the gradients (fp32) but the own experts'",
+          static_cast<double>(full - own_experts), 2.0);
+      const auto R = D / static_cast<std::uint64_t>(layout.expert);
+      const double bytes = static_cast<double>(own_experts);
+      const double sent =
+          2.0 * static_cast<double>(R - 1) / static_cast<double>(R) * bytes;  // 0 for R = 1
+      plan.collectives.push_back({"all-reduce of the own experts' gradients (fp32) over " +
+                                      std::to_string(R) + " expert-data ranks",
+                                  bytes, sent});
+      plan.comm_bytes_per_step += sent;
+    } else if (options.zero_stage == 0) {
       add("all-reduce of the gradients (fp32)", static_cast<double>(full), 2.0);
     } else {
       add("reduce-scatter of the gradients (fp32)", static_cast<double>(full), 1.0);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/run_config.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "model/layers/tensor_parallel.hpp"
 #include "model/param_store.hpp"
 
@@ -40,8 +41,10 @@ StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_
 
 /// The parameters stage `s` holds, in state-dict order, with the offsets of their own
 /// store (dense_parameter_layout for the whole model); with a tensor-parallel slice `tp`,
-/// that rank's slices of them.
+/// that rank's slices of them; with an expert slice `ep`, that rank's routed experts only
+/// (after the other tensors).
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s,
-                                              const TensorSlice& tp = {});
+                                              const TensorSlice& tp = {},
+                                              const ExpertSlice& ep = {});
 
 }  // namespace dst::model

@@ -1,20 +1,22 @@
 #include "model/transformer.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
 
 namespace dst::model {
 
-Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp)
-    : tp_(tp), embedding_(m.vocab_size, m.d_model, tp.size), head_(m, tp.size) {
+Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp,
+                         const ExpertSlice& ep)
+    : tp_(tp), ep_(ep), embedding_(m.vocab_size, m.d_model, tp.size), head_(m, tp.size) {
   if (tp.size > 1 && (m.mla() || m.n_routed_experts > 0 || m.mtp_depth > 0))
     throw Error(
         "model: tensor parallelism is built for the dense decoder only (no latent attention, "
         "DeepSeekMoE or multi-token prediction)");
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
-    blocks_.emplace_back(m, l, tp.size);
+    blocks_.emplace_back(m, l, tp.size, ep);
   if (m.mtp_depth > 0) mtp_.emplace(m);
 }
 
@@ -43,6 +45,11 @@ std::vector<ParamSpec> Transformer::parameter_layout(const StageBlocks& stage) c
     if (mtp_) mtp_->declare(specs);
   }
   mark_tensor_slices(specs, tp_.rank, tp_.size);
+  // Expert parallelism's storage: this rank's experts after everything replicated over
+  // the data group (two regions of the flat buffers, summed over two groups).
+  if (ep_.size > 1)
+    std::stable_partition(specs.begin(), specs.end(),
+                          [](const ParamSpec& s) { return s.ep_size == 1; });
   return specs;
 }
 
@@ -78,8 +85,8 @@ StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_
 }
 
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s,
-                                              const TensorSlice& tp) {
-  return Transformer(m, tp).parameter_layout(s);
+                                              const TensorSlice& tp, const ExpertSlice& ep) {
+  return Transformer(m, tp, ep).parameter_layout(s);
 }
 
 namespace {

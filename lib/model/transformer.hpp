@@ -18,6 +18,7 @@
 #include "model/layers/embedding.hpp"
 #include "model/layers/head.hpp"
 #include "model/layers/layer.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "model/layers/multi_token_prediction.hpp"
 #include "model/layers/tensor_parallel.hpp"
 #include "model/param_store.hpp"
@@ -30,7 +31,11 @@ class Transformer {
   /// `tp`: this rank's tensor-parallel slice of the layers (tensor_parallel.hpp); the
   /// layout then holds the slices' shapes. Throws dst::Error for a model kind tensor
   /// parallelism is not built for.
-  explicit Transformer(const config::ModelSection& m, const TensorSlice& tp = {});
+  /// `ep`: this rank's expert slice (expert parallelism's storage, layers/moe_dispatch.hpp):
+  /// the MoE blocks hold their slice of the routed experts only, and the layout puts those
+  /// tensors (ParamSpec::ep_size > 1) after all the others, in the same relative order.
+  explicit Transformer(const config::ModelSection& m, const TensorSlice& tp = {},
+                       const ExpertSlice& ep = {});
 
   /// Every layer's parameters in state-dict order (offsets are assigned by ParamStore).
   std::vector<ParamSpec> parameter_layout() const;
@@ -43,6 +48,8 @@ class Transformer {
 
   /// This rank's tensor-parallel slice of the layers ({0, 1}: the whole layers).
   const TensorSlice& tensor_slice() const { return tp_; }
+  /// This rank's expert slice ({0, 1}: every routed expert).
+  const ExpertSlice& expert_slice() const { return ep_; }
   const Embedding& embedding() const { return embedding_; }
   const Block& block(std::int64_t l) const { return blocks_[static_cast<std::size_t>(l)]; }
   std::int64_t n_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
@@ -65,6 +72,7 @@ class Transformer {
 
  private:
   TensorSlice tp_;
+  ExpertSlice ep_;
   Embedding embedding_;
   std::vector<Block> blocks_;
   Head head_;

@@ -290,12 +290,26 @@ Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& dev
       if (b.kernels == Backend::cuda)
         b.comm = core::built_with_nccl() && data_ranks > 1 ? CommBackend::nccl : CommBackend::mpi;
       else
-        b.comm = data_ranks > 1 && nodes == 1 ? CommBackend::shm : CommBackend::mpi;
+        // Expert parallelism's own experts per rank are summed over two groups: MPI only
+        // (the deck refuses an explicit shm).
+        b.comm = data_ranks > 1 && nodes == 1 &&
+                         !(config.parallel.expert > 1 && config.model.n_routed_experts > 0 &&
+                           config.parallel.pipeline <= 1)
+                     ? CommBackend::shm
+                     : CommBackend::mpi;
       break;
     case ParallelBackend::mpi:
       b.comm = CommBackend::mpi;
       break;
     case ParallelBackend::shm:
+      if (config.parallel.expert > 1 && config.model.n_routed_experts > 0 &&
+          config.parallel.pipeline <= 1)
+        throw DeckError("parallel.backend", "",
+                        "'shm' adds one flat gradient buffer over the whole data group, but with "
+                        "parallel.expert " +
+                            std::to_string(config.parallel.expert) +
+                            " each rank holds only its own routed experts, summed over the "
+                            "ranks holding the same ones: use 'mpi' or 'auto'");
       if (b.kernels != Backend::kokkos)
         throw DeckError("parallel.backend", "",
                         "'shm' sums gradients in host memory, but kernels.backend is '" + kernels +

@@ -101,6 +101,12 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   stage_ = groups.pipeline_rank;
   tensor_ = layout.tensor;
   const model::TensorSlice slice{groups.tensor_rank, tensor_};
+  // Expert parallelism: this rank holds its expert slot's routed experts only (not built
+  // with pipeline stages yet: there every rank holds every expert, the unowned ones with
+  // zero gradients, summed over the data group).
+  expert_storage_ = layout.expert > 1 && config.model.n_routed_experts > 0 && stages_ == 1;
+  const model::ExpertSlice experts{expert_storage_ ? groups.expert_rank : 0,
+                                   expert_storage_ ? layout.expert : 1};
   model::StageBlocks stage = model::StageBlocks::whole();
   if (stages_ > 1) {
     if (tensor::device_of(ctx_) != tensor::Device::host)
@@ -113,7 +119,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     throw Error("trainer: parallel.tensor " + std::to_string(tensor_) +
                 " needs the model in host memory (the tensor group reduces host buffers over "
                 "MPI; not built for devices yet)");
-  if (stages_ > 1 || tensor_ > 1) {
+  if (stages_ > 1 || tensor_ > 1 || expert_storage_) {
     // The whole model's layout and each stage's (whole tensors, not this rank's slices):
     // what a checkpoint holds.
     full_layout_ = std::make_unique<model::ParamStore>(model::dense_parameter_layout(config.model),
@@ -126,8 +132,8 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                             tensor::Arena::Mode::plan)
               .specs());
   }
-  const std::size_t stage_elements =
-      model::flat_buffer_elements(model::stage_parameter_layout(config.model, stage, slice));
+  const std::size_t stage_elements = model::flat_buffer_elements(
+      model::stage_parameter_layout(config.model, stage, slice, experts));
   const auto step = [&](const char* what, double timeout_s) {
     return options.watchdog
                ? std::make_unique<runtime::StartupStep>(*options.watchdog, what, timeout_s)
@@ -161,6 +167,12 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     throw Error("trainer: parallel.zero_stage " + std::to_string(zero_stage_) +
                 " needs the model in host memory and the mpi or shm back end (a device's "
                 "reduce-scatter onto shards is not built yet); set parallel.zero_stage: 0");
+  if (expert_storage_ && zero_stage_ > 0)
+    throw Error("trainer: " + model::expert_zero_refusal(layout.expert, zero_stage_));
+  if (expert_storage_ && (shared_ || device_comm_))
+    throw Error("trainer: parallel.expert " + std::to_string(layout.expert) +
+                " holds each rank's own routed experts, summed over the expert-data group: "
+                "not built with the shm and nccl back ends (set parallel.backend: mpi)");
   if (zero_stage_ == 2 && !shared_) {
     // Stage 2 over MPI: gradient memory of pages nobody has touched (an allocation of the
     // store's own is zero-filled by writing it, which would make it all resident): pages
@@ -187,7 +199,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       storage_type(config.training.precision), config.debug.deterministic,
       shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
       shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_,
-      stage, slice);
+      stage, slice, experts);
   // Tensor parallelism: every forward and backward reduces over the tensor group.
   if (tensor_ > 1) {
     tensor_parallel_ = std::make_unique<model::TensorParallel>(*groups.tensor);
@@ -248,6 +260,8 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   else if (zero_stage_ > 0)
     buckets_ = std::make_unique<GradBuckets>(*groups.data, ps.grads_data(), *shards_, bucket_bytes,
                                              config.parallel.overlap, zero_stage_ == 2);
+  else if (expert_storage_)
+    make_expert_buckets(bucket_bytes);
   else
     buckets_ = std::make_unique<GradBuckets>(device_comm_ ? *device_comm_ : *groups.data,
                                              ps.grads_data(), ps.buffer_elements(), bucket_bytes,
@@ -255,11 +269,15 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   // Faults::gradient_poison goes into the first gradient of the last block's MLP output
   // (an MoE block's: its first routed expert's); with stages, of this stage's last block.
   const std::int64_t last_block = model_->stage().last - 1;
+  // (Expert parallelism: this rank's first expert.)
+  const std::string poisoned =
+      config.model.moe_layer(last_block)
+          ? ".mlp.experts." +
+                std::to_string(experts.rank * (config.model.n_routed_experts / experts.size)) +
+                ".down_proj.weight"
+          : ".mlp.down_proj.weight";
   poison_offset_ =
-      ps.spec(ps.index_of("model.layers." + std::to_string(last_block) +
-                          (config.model.moe_layer(last_block) ? ".mlp.experts.0.down_proj.weight"
-                                                              : ".mlp.down_proj.weight")))
-          .offset;
+      ps.spec(ps.index_of("model.layers." + std::to_string(last_block) + poisoned)).offset;
   batch_.resize(static_cast<std::size_t>(layout.grad_accum_steps * micro * (T + 1)));
   tokens_.resize(static_cast<std::size_t>(micro * T));
   targets_.resize(tokens_.size());
@@ -374,6 +392,7 @@ StepStats Trainer::step() {
     ps.zero_grads();
   GradBuckets& buckets = *buckets_;
   buckets.reset();
+  if (expert_buckets_) expert_buckets_->reset();
   const std::optional<float> poison = faults_.gradient_poison(step_);
   bool injected = false;
   auto on_ready = [&](std::size_t offset) {
@@ -416,6 +435,8 @@ StepStats Trainer::step() {
   }
   const double p2p_s = st.t_comm;  // the pipeline's exposed sends and receives
   st.t_comm = buckets.wait_all() + p2p_s;
+  // Expert parallelism: the own experts' gradients over the expert-data group (started here).
+  if (expert_buckets_) st.t_comm += expert_buckets_->wait_all();
   if (tensor_parallel_) {
     st.t_tensor = tensor_parallel_->traffic().seconds;
     st.tensor_bytes = static_cast<double>(tensor_parallel_->traffic().bytes);
@@ -434,8 +455,7 @@ StepStats Trainer::step() {
   // --- the global loss: mean over every target token of every rank (one all-reduce)
   // ... and, in the same all-reduce, whether any rank was asked to stop (a signal).
   // (With an MTP module, its loss sum as a fifth.)
-  double sums[5] = {loss_sum, static_cast<double>(valid),
-                    buckets.first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
+  double sums[5] = {loss_sum, static_cast<double>(valid), first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
                     runtime::stop_signal() != 0 ? 1.0 : 0.0, mtp_sum};
   groups_.data->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
   // Stages: the loss is the last stage's (the others add +0, exact), the flags everyone's.
@@ -462,6 +482,7 @@ StepStats Trainer::step() {
       : zero_mpi     ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_, *groups_.data)
                      : norm_.compute(ctx_, ps);
   std::vector<double> per_tensor = norm_.per_tensor();
+  if (expert_storage_) sum_of_squares = expert_sum_of_squares(per_tensor);
   if (tensor_ > 1) {
     // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
     // equal): one all-reduce over the tensor group, in the store's order.
@@ -520,7 +541,7 @@ StepStats Trainer::step() {
     ++skipped_;
   } else if (nonfinite) {
     // Name the first rank whose own gradient was non-finite, and its first tensor.
-    std::int64_t first[2] = {buckets.first_nonfinite_offset() >= 0
+    std::int64_t first[2] = {first_nonfinite_offset() >= 0
                                  ? groups_.world->rank()
                                  : std::numeric_limits<std::int64_t>::max(),
                              0};
@@ -528,12 +549,19 @@ StepStats Trainer::step() {
     std::ostringstream os;
     os << "non-finite gradients at step " << step_;
     if (first[0] != std::numeric_limits<std::int64_t>::max()) {
-      std::int64_t offset =
-          groups_.world->rank() == first[0] ? buckets.first_nonfinite_offset() : -1;
-      groups_.data->allreduce(&offset, 1, DType::i64, comm::ReduceOp::max);
-      const auto i = tensor_at(ps, static_cast<std::size_t>(offset));
-      os << ": first on rank " << first[0] << ", tensor " << ps.spec(i).name << "["
-         << static_cast<std::size_t>(offset) - ps.spec(i).offset << "]";
+      // That rank names it: its tensor in the whole model's layout (expert parallelism:
+      // its own experts are not the other ranks'), and the element.
+      std::int64_t where[2] = {-1, -1};
+      if (groups_.world->rank() == first[0]) {
+        const auto offset = static_cast<std::size_t>(first_nonfinite_offset());
+        const auto i = tensor_at(ps, offset);
+        where[0] = static_cast<std::int64_t>(logical_parameters().index_of(ps.spec(i).name));
+        where[1] = static_cast<std::int64_t>(offset - ps.spec(i).offset);
+      }
+      groups_.data->allreduce(where, 2, DType::i64, comm::ReduceOp::max);
+      os << ": first on rank " << first[0] << ", tensor "
+         << logical_parameters().spec(static_cast<std::size_t>(where[0])).name << "[" << where[1]
+         << "]";
     } else {
       // ZeRO over MPI: each rank scans the sums it holds; the lowest tensor over the ranks.
       auto nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
@@ -543,8 +571,18 @@ StepStats Trainer::step() {
         groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
         nf.tensor = tensor == std::numeric_limits<std::int64_t>::max() ? -1 : tensor;
       }
-      os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor "
-         << (nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?"));
+      std::string name =
+          nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?");
+      if (expert_storage_) {
+        // Each rank scans its own experts: the lowest tensor of the whole model.
+        constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+        std::int64_t tensor =
+            nf.found() ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
+        groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
+        name = tensor == kNone ? std::string("?")
+                               : full_layout_->spec(static_cast<std::size_t>(tensor)).name;
+      }
+      os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor " << name;
     }
     if (cfg_.debug.nan_policy == config::NanPolicy::abort)
       throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
@@ -947,7 +985,7 @@ Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) con
   auto own = std::make_shared<const std::vector<ckpt::TensorRef>>(state_tensors(true));
   const auto is_param = [](const std::string& name) { return name.rfind("params/", 0) == 0; };
   CheckpointStream out;
-  if (stages_ == 1 && tensor_ == 1) {
+  if (stages_ == 1 && tensor_ == 1 && !expert_storage_) {
     for (const ckpt::TensorRef& t : *own)
       if (!params_only || is_param(t.name)) out.tensors.push_back({t.name, t.shape, nullptr});
     out.source = [own](std::size_t i) { return (*own)[i].data; };
@@ -966,7 +1004,9 @@ Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) con
       n *= static_cast<std::size_t>(d);
     whole->resize(n);
     const int s = owner[i];
-    if (s == stage_) {
+    // Per-rank experts: a routed expert's tensor comes from the rank that holds it.
+    const int expert = expert_owner(names[i].name);
+    if (s == stage_ && (expert < 0 || expert == groups_.expert_rank)) {
       // This stage's tensor: this rank's slice, and with slices every slice put in place.
       const std::size_t k = index->at(names[i].name);
       const auto& ps = model_->params();
@@ -986,6 +1026,7 @@ Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) con
         }
       }
     }
+    if (expert >= 0) groups_.expert->broadcast(whole->data(), n, DType::f32, expert);
     // From the stage that holds it to every stage (its rank in the pipeline group is s).
     if (stages_ > 1) groups_.pipeline->broadcast(whole->data(), n, DType::f32, s);
     return whole->data();
@@ -1087,7 +1128,7 @@ void Trainer::restore(ckpt::Reader& reader) {
   const auto own = state_tensors(false);
   // Stages and tensor slices: every rank reads the whole model tensor by tensor (the reads
   // are collective) and keeps its stage's tensors, its slices of them.
-  const bool whole = stages_ > 1 || tensor_ > 1;
+  const bool whole = stages_ > 1 || tensor_ > 1 || expert_storage_;
   std::vector<int> owner;
   const auto wanted = whole ? whole_model_tensors(false, owner) : own;
   // Every difference at once, so a wrong deck is diagnosed in one attempt.
@@ -1136,6 +1177,8 @@ void Trainer::restore(ckpt::Reader& reader) {
       buffer.resize(n);
       reader.read(wanted[i].name, wanted[i].shape, buffer.data());
       if (owner[i] != stage_) continue;
+      const auto found = index.find(wanted[i].name);
+      if (found == index.end() && expert_owner(wanted[i].name) >= 0) continue;  // another's
       const std::size_t k = index.at(wanted[i].name);
       model::copy_slice_from_whole(ps.spec(k % ps.size()), buffer.data(),
                                    const_cast<float*>(own[k].data));
@@ -1294,6 +1337,12 @@ void Trainer::check_consistency() {
   // its data group.
   const bool split = stages_ > 1 || tensor_ > 1;
   comm::Communicator& group = split ? *groups_.data : *groups_.world;
+  // Expert parallelism: the own experts' replicas are the expert-data group (compared
+  // after the rest, over the world, holds).
+  const std::vector<std::uint64_t> prints = mine;
+  if (expert_storage_)
+    for (std::size_t i = expert_first_tensor_; i < P; ++i)
+      mine[i] = 0;
   const int n = group.size();
   std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
   group.allgather(mine.data(), all.data(), P, DType::u64);
@@ -1336,6 +1385,7 @@ void Trainer::check_consistency() {
     for (int r = 1; r < n; ++r)
       if (ranks[static_cast<std::size_t>(r) + 2] != 0) differ.push_back(r);
   } else if (bad == P) {
+    if (expert_storage_) check_expert_consistency(prints);
     return;
   }
   const auto world_rank = [&](int r) {
@@ -1351,6 +1401,93 @@ void Trainer::check_consistency() {
      << " differs from rank " << world_rank(0) << "'s on rank";
   for (const int r : differ)
     os << " " << world_rank(r);
+  throw CollectiveError(os.str(), kExitDiverged);
+}
+
+// --- expert parallelism's storage (parallel.expert > 1; layers/moe_dispatch.hpp) ----------
+
+void Trainer::make_expert_buckets(double bucket_bytes) {
+  const auto& ps = model_->params();
+  expert_first_tensor_ = ps.size();
+  for (std::size_t i = ps.size(); i-- > 0 && ps.spec(i).ep_size > 1;)
+    expert_first_tensor_ = i;
+  for (std::size_t i = 0; i < expert_first_tensor_; ++i)
+    if (ps.spec(i).ep_size > 1)
+      throw Error("trainer: the own experts' tensors are not the last of the store (" +
+                  ps.spec(i).name + ")");
+  if (expert_first_tensor_ == ps.size())
+    throw Error("trainer: parallel.expert with no routed expert in this rank's store");
+  expert_offset_ = ps.spec(expert_first_tensor_).offset;
+  // Replicated tensors over the data group, in buckets that backward's ready() starts; the
+  // own experts over the expert-data group, started by wait_all() after the backward.
+  buckets_ = std::make_unique<GradBuckets>(*groups_.data, ps.grads_data(), expert_offset_,
+                                           bucket_bytes, cfg_.parallel.overlap, ctx_);
+  expert_buckets_ = std::make_unique<GradBuckets>(
+      *groups_.expert_data, ps.grads_data() + expert_offset_, ps.buffer_elements() - expert_offset_,
+      bucket_bytes, cfg_.parallel.overlap, ctx_);
+}
+
+std::int64_t Trainer::first_nonfinite_offset() const {
+  const std::int64_t own = buckets_->first_nonfinite_offset();
+  if (own >= 0 || !expert_buckets_) return own;
+  const std::int64_t e = expert_buckets_->first_nonfinite_offset();
+  return e >= 0 ? static_cast<std::int64_t>(expert_offset_) + e : -1;
+}
+
+double Trainer::expert_sum_of_squares(const std::vector<double>& per_tensor) const {
+  double replicated = 0.0, own = 0.0;
+  for (std::size_t i = 0; i < per_tensor.size(); ++i)
+    (i < expert_first_tensor_ ? replicated : own) += per_tensor[i];
+  groups_.expert->allreduce(&own, 1, DType::f64, comm::ReduceOp::sum);
+  return replicated + own;
+}
+
+int Trainer::expert_owner(const std::string& name) const {
+  static const std::string kExperts = ".mlp.experts.";
+  const std::size_t at = name.find(kExperts);
+  if (!expert_storage_ || at == std::string::npos) return -1;
+  const std::int64_t id = std::stoll(name.substr(at + kExperts.size()));
+  return static_cast<int>(id / (cfg_.model.n_routed_experts / layout_.expert));
+}
+
+void Trainer::check_expert_consistency(const std::vector<std::uint64_t>& mine) {
+  const auto& ps = model_->params();
+  comm::Communicator& group = *groups_.expert_data;
+  const std::size_t first = expert_first_tensor_, P = ps.size() - first;
+  const int n = group.size();
+  std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
+  group.allgather(mine.data() + first, all.data(), P, DType::u64);
+  std::vector<std::int64_t> world_of(static_cast<std::size_t>(n));
+  const std::int64_t me = groups_.world->rank();
+  group.allgather(&me, world_of.data(), 1, DType::i64);
+  // The lowest tensor of the whole model whose replicas differ, over every expert slot.
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  std::int64_t bad = kNone;
+  std::vector<int> differ;
+  for (std::size_t i = 0; i < P && bad == kNone; ++i) {
+    for (int r = 1; r < n; ++r)
+      if (all[static_cast<std::size_t>(r) * P + i] != all[i]) differ.push_back(r);
+    if (!differ.empty())
+      bad = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(first + i).name));
+  }
+  std::int64_t lowest = bad;
+  groups_.world->allreduce(&lowest, 1, DType::i64, comm::ReduceOp::min);
+  if (lowest == kNone) return;
+  // Its slot's ranks: 2 for the reference (the slot's lowest data rank), 1 for those differing.
+  std::vector<std::int64_t> ranks(static_cast<std::size_t>(groups_.world->size()), 0);
+  if (bad == lowest) {
+    ranks[static_cast<std::size_t>(world_of[0])] = 2;
+    for (const int r : differ)
+      ranks[static_cast<std::size_t>(world_of[static_cast<std::size_t>(r)])] = 1;
+  }
+  groups_.world->allreduce(ranks.data(), ranks.size(), DType::i64, comm::ReduceOp::max);
+  std::ostringstream os;
+  os << "parameters differ between ranks at step " << step_ << ": first tensor "
+     << full_layout_->spec(static_cast<std::size_t>(lowest)).name;
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r] == 2) os << " differs from rank " << r << "'s on rank";
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r] == 1) os << " " << r;
   throw CollectiveError(os.str(), kExitDiverged);
 }
 

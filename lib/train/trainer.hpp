@@ -179,7 +179,9 @@ class Trainer {
   /// the flat buffers (on a device, of host copies taken by this call). With pipeline
   /// stages or tensor slices it assembles one tensor at a time (the slices all-gathered
   /// over the tensor group, then broadcast from its stage over the pipeline group), so a
-  /// save holds one whole tensor beyond the rank's own state. Where the ranks share the
+  /// save holds one whole tensor beyond the rank's own state; per-rank experts
+  /// (parallel.expert) are broadcast from the rank that holds them over the expert group.
+  /// Where the ranks share the
   /// update, or under ZeRO, this call first gathers the moments of the other ranks' parts
   /// (collective over the data group; under ZeRO into host buffers of the stage slice's
   /// size, held until the next step; with bf16/fp16 the master parameters too).
@@ -346,6 +348,28 @@ class Trainer {
   /// whose own gradient had one, or of the lowest tensor over the stages when none had
   /// (the sums overflowed). Collective over every rank.
   std::string name_nonfinite_across_stages(const GradBuckets& buckets);
+  // --- expert parallelism's storage (parallel.expert > 1, MoE model; moe_dispatch.hpp) ---
+  /// Each rank holds its own routed experts only (model::ExpertSlice): the store's tensors
+  /// from expert_first_tensor_ on (flat offsets from expert_offset_) are those, summed over
+  /// the expert-data group by expert_buckets_; buckets_ sums [0, expert_offset_) over the
+  /// data group.
+  bool expert_storage_ = false;
+  std::size_t expert_first_tensor_ = 0, expert_offset_ = 0;
+  std::unique_ptr<GradBuckets> expert_buckets_;
+  /// Makes buckets_ and expert_buckets_ over the two regions of the store.
+  void make_expert_buckets(double bucket_bytes);
+  /// Both bucket sets' first non-finite gradient offset (of the flat buffer), or -1.
+  std::int64_t first_nonfinite_offset() const;
+  /// The squared gradient norm from the store's per-tensor sums: the replicated tensors
+  /// once, the experts' sums over the expert group (one all-reduce of a double).
+  double expert_sum_of_squares(const std::vector<double>& per_tensor) const;
+  /// Per-rank experts: the rank of the expert group that holds the routed-expert tensor
+  /// named `name` ("...mlp.experts.<id>...."), or -1 for any other tensor (every slot
+  /// holds it).
+  int expert_owner(const std::string& name) const;
+  /// The expert tensors' fingerprints compared over the expert-data group (each expert's
+  /// replicas); throws like check_consistency(). Collective over every rank.
+  void check_expert_consistency(const std::vector<std::uint64_t>& mine);
   /// Per MoE block and expert, steps in a row without a token (the idle-expert warning).
   std::vector<std::int64_t> idle_steps_;
   std::size_t poison_offset_ = 0;  ///< where Faults::gradient_poison goes

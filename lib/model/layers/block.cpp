@@ -21,7 +21,8 @@ float residual_std(const config::ModelSection& m) {
 }
 }  // namespace
 
-Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel)
+Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel,
+             const ExpertSlice& ep)
     : norm1_(layer_prefix(layer) + "input_layernorm.weight", m.d_model,
              static_cast<float>(m.norm_eps)),
       attn_(layer_prefix(layer) + "self_attn.", m.d_model, m.n_heads, m.n_kv_heads, residual_std(m),
@@ -32,7 +33,7 @@ Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_paral
       model_dense_mlp_(m.n_routed_experts == 0 || m.first_k_dense_replace > 0),
       C_(m.d_model) {
   if (m.mla()) mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m));
-  if (m.moe_layer(layer)) moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m));
+  if (m.moe_layer(layer)) moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m), ep);
   if (m.n_routed_experts > 0) model_moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m));
 }
 

@@ -51,7 +51,10 @@ class Block {
   /// Block `layer` (0-based) of the model `m`: its parameters are "model.layers.<layer>.*".
   /// `tensor_parallel` T > 1: this rank's slice of its attention and MLP (dense blocks
   /// only; tensor_parallel.hpp).
-  Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel = 1);
+  /// `ep`: expert parallelism's storage (an MoE block holds its slice of the routed
+  /// experts only; moe_dispatch.hpp).
+  Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel = 1,
+        const ExpertSlice& ep = {});
 
   /// input_layernorm, self_attn.{q,k,v,o}_proj (or latent attention's, LatentAttention::
   /// declare), post_attention_layernorm, mlp.{gate,up,down}_proj (or DeepSeekMoE's,

@@ -42,7 +42,7 @@ Tensor host_rows(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
 }
 }  // namespace
 
-Moe::Moe(std::string prefix, const config::ModelSection& m, float out_std)
+Moe::Moe(std::string prefix, const config::ModelSection& m, float out_std, const ExpertSlice& ep)
     : prefix_(std::move(prefix)),
       C_(m.d_model),
       E_(m.n_routed_experts),
@@ -54,18 +54,37 @@ Moe::Moe(std::string prefix, const config::ModelSection& m, float out_std)
       capacity_factor_(m.moe.capacity_factor),
       out_std_(out_std),
       shared_(prefix_ + "shared_experts.", m.d_model, m.n_shared_experts * m.moe_intermediate_size,
-              out_std) {}
+              out_std),
+      ep_(ep) {
+  if (ep.size < 1 || ep.rank < 0 || ep.rank >= ep.size || E_ % ep.size != 0)
+    throw Error("model: an MoE layer of " + std::to_string(E_) +
+                " routed experts cannot hold expert slice " + std::to_string(ep.rank) + " of " +
+                std::to_string(ep.size) + " (parallel.expert must divide n_routed_experts)");
+  ep_count_ = E_ / ep.size;
+  ep_first_ = ep.rank * ep_count_;
+}
+
+std::size_t Moe::expert_param(const std::vector<std::size_t>& w, std::int64_t e) const {
+  if (e < ep_first_ || e >= ep_first_ + ep_count_)
+    throw Error("model: routed expert " + std::to_string(e) + " of " + prefix_ +
+                " is not held here (experts " + std::to_string(ep_first_) + " .. " +
+                std::to_string(ep_first_ + ep_count_ - 1) + ")");
+  return w[static_cast<std::size_t>(e - ep_first_)];
+}
 
 void Moe::declare(std::vector<ParamSpec>& specs) const {
-  for (std::int64_t e = 0; e < E_; ++e) {
+  for (std::int64_t e = ep_first_; e < ep_first_ + ep_count_; ++e) {
     const std::string p = expert_prefix(prefix_, e);
-    // Each expert is whole on one rank (expert parallelism splits experts, not columns).
+    // Each expert is whole on one rank (expert parallelism splits experts, not columns);
+    // with ep.size > 1 only this rank's experts, marked for the expert-data group's sum.
     add_param(specs, p + "gate_proj.weight", {I_, C_}, Init::normal, kInitStd, true,
               Split::replicated);
     add_param(specs, p + "up_proj.weight", {I_, C_}, Init::normal, kInitStd, true,
               Split::replicated);
     add_param(specs, p + "down_proj.weight", {C_, I_}, Init::normal, out_std_, true,
               Split::replicated);
+    for (std::size_t k = specs.size() - 3; k < specs.size(); ++k)
+      specs[k].ep_size = ep_.size;
   }
   add_param(specs, prefix_ + "gate.weight", {E_, C_}, Init::normal, kInitStd, true,
             Split::replicated);
@@ -79,7 +98,7 @@ void Moe::bind(const ParamStore& params) {
   w1_.clear();
   w3_.clear();
   w2_.clear();
-  for (std::int64_t e = 0; e < E_; ++e) {
+  for (std::int64_t e = ep_first_; e < ep_first_ + ep_count_; ++e) {
     const std::string p = expert_prefix(prefix_, e);
     w1_.push_back(params.index_of(p + "gate_proj.weight"));
     w3_.push_back(params.index_of(p + "up_proj.weight"));
@@ -196,6 +215,11 @@ void Moe::forward(const Compute& c, std::int64_t B, std::int64_t T, const Tensor
   if (parallel(c)) {
     experts_forward(c, a, count, shared_part);  // the shared product overlaps the dispatch
   } else {
+    if (ep_count_ != E_)
+      throw Error("model: " + prefix_ + " holds experts " + std::to_string(ep_first_) + " .. " +
+                  std::to_string(ep_first_ + ep_count_ - 1) + " of " + std::to_string(E_) +
+                  " only (expert slice " + std::to_string(ep_.rank) + " of " +
+                  std::to_string(ep_.size) + "): it needs its expert group (set_expert_parallel)");
     swiglu_rows_forward(c, r.rows.offset, 0, a.xs, a.h1, a.h3, a.g, a.y);
     shared_part();
   }
@@ -304,9 +328,11 @@ void Moe::swiglu_rows_forward(const Compute& c, const std::vector<std::int64_t>&
     const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
                        n = offset[static_cast<std::size_t>(l + 1)] - r0;
     if (n == 0) continue;  // an expert no token chose
-    const auto e = static_cast<std::size_t>(first + l);
-    blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w1_[e]), row_range(h1, r0, n));
-    blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(w3_[e]), row_range(h3, r0, n));
+    const std::int64_t e = first + l;
+    blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(expert_param(w1_, e)),
+                         row_range(h1, r0, n));
+    blas::linear_forward(c.ctx, row_range(xs, r0, n), c.weight(expert_param(w3_, e)),
+                         row_range(h3, r0, n));
   }
   // The elementwise part over the rows computed (the dropped rows after them are not).
   const std::int64_t rows = offset.back();
@@ -320,8 +346,9 @@ void Moe::swiglu_rows_forward(const Compute& c, const std::vector<std::int64_t>&
     const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
                        n = offset[static_cast<std::size_t>(l + 1)] - r0;
     if (n == 0) continue;
-    const auto e = static_cast<std::size_t>(first + l);
-    blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(w2_[e]), row_range(y, r0, n));
+    const std::int64_t e = first + l;
+    blas::linear_forward(c.ctx, row_range(g, r0, n), c.weight(expert_param(w2_, e)),
+                         row_range(y, r0, n));
   }
   c.store(row_range(y, 0, rows));
 }
@@ -335,9 +362,10 @@ void Moe::swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>
     const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
                        n = offset[static_cast<std::size_t>(l + 1)] - r0;
     if (n == 0) continue;
-    const auto e = static_cast<std::size_t>(first + l);
-    blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n), c.weight(w2_[e]),
-                          row_range(dg, r0, n), c.grad(w2_[e]));
+    const std::int64_t e = first + l;
+    blas::linear_backward(c.ctx, row_range(dy, r0, n), row_range(g, r0, n),
+                          c.weight(expert_param(w2_, e)), row_range(dg, r0, n),
+                          c.grad(expert_param(w2_, e)));
   }
   const std::int64_t rows = offset.back();
   const Tensor h1r = row_range(h1, 0, rows), h3r = row_range(h3, 0, rows);
@@ -348,11 +376,12 @@ void Moe::swiglu_rows_backward(const Compute& c, const std::vector<std::int64_t>
     const std::int64_t r0 = offset[static_cast<std::size_t>(l)],
                        n = offset[static_cast<std::size_t>(l + 1)] - r0;
     if (n == 0) continue;
-    const auto e = static_cast<std::size_t>(first + l);
+    const std::int64_t e = first + l;
     const Tensor x = row_range(xs, r0, n), dx = row_range(dxs, r0, n);
-    blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(w1_[e]), dx, c.grad(w1_[e]));
-    blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(w3_[e]), dx, c.grad(w3_[e]),
-                          true);
+    blas::linear_backward(c.ctx, row_range(h1, r0, n), x, c.weight(expert_param(w1_, e)), dx,
+                          c.grad(expert_param(w1_, e)));
+    blas::linear_backward(c.ctx, row_range(h3, r0, n), x, c.weight(expert_param(w3_, e)), dx,
+                          c.grad(expert_param(w3_, e)), true);
   }
 }
 

@@ -80,10 +80,13 @@ struct MoeScratch {
 class Moe {
  public:
   /// `prefix`: the parameter names' ("model.layers.1.mlp."). `out_std`: the experts'
-  /// down_proj initial standard deviation.
-  Moe(std::string prefix, const config::ModelSection& m, float out_std);
+  /// down_proj initial standard deviation. `ep`: expert parallelism's storage: the layer
+  /// holds experts [ep.rank L, (ep.rank+1) L) only, L = n_routed_experts / ep.size
+  /// (moe_dispatch.hpp); {0, 1}: every expert. Throws dst::Error if ep.size does not divide
+  /// n_routed_experts or ep.rank is outside [0, ep.size).
+  Moe(std::string prefix, const config::ModelSection& m, float out_std, const ExpertSlice& ep = {});
 
-  /// experts.<e>.{gate,up,down}_proj for each routed expert (the published checkpoints'
+  /// experts.<e>.{gate,up,down}_proj for each routed expert held here (the published checkpoints'
   /// names; transformers fuses them into experts.gate_up_proj / down_proj when loading),
   /// gate.weight (E, C), gate.e_score_correction_bias (E, zeros, sigmoid scoring only),
   /// shared_experts.{gate,up,down}_proj (when n_shared_experts > 0).
@@ -117,6 +120,11 @@ class Moe {
   /// from `load` (E) counted over the whole batch. Nothing without a bias (softmax).
   void update_bias(const ParamStore& params, const std::vector<double>& load, double rate) const;
   std::int64_t experts() const { return E_; }
+  /// The routed experts this layer holds: [first_local_expert(), + local_experts()).
+  std::int64_t first_local_expert() const { return ep_first_; }
+  std::int64_t local_experts() const { return ep_count_; }
+  /// The expert slice it was built for.
+  const ExpertSlice& expert_slice() const { return ep_; }
   /// Checks a node map for node-limited routing (Compute::expert_node: the node of each
   /// routed expert; empty: one node): throws dst::Error if it has not E entries, if the
   /// ids are not 0 .. nodes - 1 each used, or if model.moe.max_nodes_per_token of the
@@ -157,7 +165,11 @@ class Moe {
   double capacity_factor_;
   float out_std_;
   Mlp shared_;
-  std::vector<std::size_t> w1_, w3_, w2_;  // (E) the routed experts' parameters
+  ExpertSlice ep_;
+  std::int64_t ep_first_ = 0, ep_count_ = 0;  // the experts held here
+  /// The parameter index of held expert e (global id) in w (w1_, w3_ or w2_).
+  std::size_t expert_param(const std::vector<std::size_t>& w, std::int64_t e) const;
+  std::vector<std::size_t> w1_, w3_, w2_;  // (local_experts()) the held experts' parameters
   std::size_t gate_ = 0, bias_ = 0;
 };
 

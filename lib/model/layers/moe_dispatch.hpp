@@ -15,19 +15,38 @@
 /// rows' input gradients come back (a combine). Dropless: every row reaches its expert,
 /// whatever the imbalance (the receive buffers grow to fit).
 ///
-/// Every rank still stores every expert's parameters (the first version): the experts a
-/// rank does not own keep zero gradients, and the data group's gradient sum then sums each
-/// expert's gradient over exactly the ranks that computed it (one per expert group). The
-/// state is host memory: a model on a device refuses expert parallelism (Moe::experts_forward).
+/// Storage: built for expert rank p of P (ExpertSlice, the model's constructor argument),
+/// an MoE layer declares and holds only its local experts [p L, (p+1) L), under their
+/// global names (model.layers.N.mlp.experts.<global id>.*), with their gradients and AdamW
+/// moments: 1/P of the routed experts' state per rank. Those tensors are marked
+/// (ParamSpec::ep_size) and laid out after every other tensor of the store, so that the
+/// trainer sums the gradients of the first region over the data group and those of the
+/// experts' region over the ranks holding the same experts (process_groups' "expert_data"
+/// group), and a checkpoint gathers each expert whole from its owner (train/trainer.cpp).
+/// The router (gate.weight, its correction bias) and the shared experts stay replicated.
+/// The state is host memory: a model on a device refuses expert parallelism (Moe::experts_forward).
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 
 namespace dst::model {
+
+/// A rank's place in its expert group (parallel.expert): it holds the routed experts
+/// [rank L, (rank+1) L) of every MoE layer, L = n_routed_experts / size.
+struct ExpertSlice {
+  int rank = 0;
+  int size = 1;
+};
+
+/// Why parallel.expert `expert` > 1 is refused with parallel.zero_stage `zero_stage` > 0
+/// (the trainer and `dstrain check`): each rank holds its own experts, which ZeRO's shards
+/// of one flat buffer over the data group do not cover yet.
+std::string expert_zero_refusal(int expert, int zero_stage);
 
 /// The all-to-all traffic of the MoE layers since the last reset (metrics).
 struct ExpertTraffic {

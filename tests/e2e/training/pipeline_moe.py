@@ -14,7 +14,8 @@ rate fast enough to move the choices (0.01):
   PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
   DP=2 x PP=2 on 4 ranks                   vs DP=2 on 2 ranks: the same, bit for bit
   DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
-  DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: the same
+  DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: within 1e-9
+                                           (losses, norms), 1e-6 (parameters): see below
   the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
   it resumes on PP=1                       == PP=1's steps 6-10 bit for bit
 (the validation losses of steps 5 and 10, through the stages' forward, alike).
@@ -149,7 +150,24 @@ def main():
     ep = ["parallel.expert=2", "parallel.backend=mpi"]
     _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
     _, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
-    same_bits("DP=2 x expert 2 x PP=2 vs DP=2 x expert 2", ep2pp2, ep2)
+    # Not bits: without stages expert parallelism stores each rank's own experts and adds
+    # the gradient norm's squares by group (the replicated tensors once, the experts over
+    # the expert group); with stages every rank stores every expert (per-rank storage is
+    # not built for stages) and adds them in the store's order. The norm differs in its
+    # last bits, and through the clipping factor the parameters by about 1e-9.
+    worst = 0.0
+    for got, want in zip(ep2pp2[0], ep2[0]):
+        for g, w in zip(got[1:4], want[1:4]):
+            worst = max(worst, abs(g - w) / max(abs(w), 1e-30))
+    wp = max(float(np.linalg.norm(ep2pp2[1][k].astype(np.float64) - ep2[1][k]) /
+                   max(np.linalg.norm(ep2[1][k].astype(np.float64)), 1e-30)) for k in ep2[1])
+    if len(ep2pp2[0]) != len(ep2[0]) or worst > 1e-9 or wp > 1e-6 or \
+            sorted(ep2pp2[1]) != sorted(ep2[1]):
+        problems.append(f"DP=2 x expert 2 x PP=2 vs DP=2 x expert 2: losses, norms and aux "
+                        f"losses within {worst:.2e} (bound 1e-9), parameters {wp:.2e} (1e-6)")
+    else:
+        print(f"DP=2 x expert 2 x PP=2 vs DP=2 x expert 2: losses, norms, aux losses within "
+              f"{worst:.2e}, parameters within {wp:.2e} relative L2")
 
     # The checkpoints hold the whole model whatever the layout: PP=2's == PP=1's.
     ck = "checkpoints/step-5.h5"
@@ -181,7 +199,7 @@ def main():
         print("FAILED: pipeline stages with DeepSeekMoE blocks do not give the one-stage run")
         return 1
     print("pipeline moe: PP=2 == PP=4 == PP=1 bit for bit with MoE blocks; DP=2 x PP=2 == DP=2; "
-          "expert 2 x PP=2 == expert 2; checkpoints resume across layouts")
+          "expert 2 x PP=2 as expert 2; checkpoints resume across layouts")
     return 0
 
 

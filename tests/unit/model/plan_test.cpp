@@ -418,7 +418,30 @@ TEST(Plan, ExpertParallelismPlansTheAllToAllPerMoeLayer) {
   plain.parallel.expert = 1;
   const auto q = dst::model::make_plan(plain, dst::config::resolve_layout(plain, 4));
   EXPECT_EQ(q.alltoall_bytes_per_moe_layer, 0.0);
-  EXPECT_DOUBLE_EQ(p.comm_bytes_per_step - q.comm_bytes_per_step, blocks * per_layer);
+  // Each rank holds a quarter of the routed experts (layers/moe_dispatch.hpp): 3/4 of them
+  // less in the parameters, gradients and both moments; its experts' gradients are summed
+  // over the expert-data group (4 / 4 = 1 rank: nothing sent), the rest over the 4 data
+  // ranks (2 x 3/4 of it sent).
+  const auto& m = c.model;
+  const double routed =
+      blocks * static_cast<double>(m.n_routed_experts * 3 * m.d_model * m.moe_intermediate_size) *
+      4.0;
+  EXPECT_NEAR(static_cast<double>(q.memory.parameters - p.memory.parameters), 0.75 * routed, 64.0);
+  EXPECT_NEAR(static_cast<double>(q.memory.gradients - p.memory.gradients), 0.75 * routed, 64.0);
+  EXPECT_NEAR(static_cast<double>(q.memory.optimizer - p.memory.optimizer), 1.5 * routed, 128.0);
+  EXPECT_NEAR(p.comm_bytes_per_step - q.comm_bytes_per_step,
+              blocks * per_layer - 2.0 * 0.75 * routed, 128.0);
+  // ZeRO with each rank's own experts is not built: refused, naming both keys.
+  dst::model::PlanOptions zero;
+  zero.zero_stage = 1;
+  try {
+    (void)dst::model::make_plan(c, four, zero);
+    ADD_FAILURE() << "parallel.expert 4 with zero_stage 1 was planned";
+  } catch (const dst::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.expert 4 with parallel.zero_stage 1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Node-limited routing: the bound on a token's nodes, min(M, top-k, nodes), and the

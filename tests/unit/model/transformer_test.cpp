@@ -2,11 +2,13 @@
 // order, tensor-parallel split), and the block-range API a pipeline stage will use.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "config/deck.hpp"
 #include "core/error.hpp"
 #include "model/dense_model.hpp"
 #include "model/transformer.hpp"
@@ -137,6 +139,71 @@ struct Buffers {
     scratch = net.block(0).take_scratch(a, B, T, false);
   }
 };
+
+// Expert parallelism's storage (layers/moe_dispatch.hpp): expert slot p of X holds, in
+// each MoE layer, exactly the routed experts [p L, (p+1) L) (L = n_routed_experts / X)
+// under their global names, marked ep_size X and laid out after every other tensor; the
+// other tensors are the whole model's, in its order; the slots together hold every expert
+// once, and each initialises to the whole model's bits (drawn by name and element).
+TEST(Transformer, ExpertSlotsHoldTheirOwnExpertsLast) {
+  using dst::model::ParamStore;
+  const auto m = dst::config::preset_model("tiny-moe");
+  ParamStore whole(dst::model::dense_parameter_layout(m), Arena::Mode::allocate);
+  whole.initialize(11);
+  const std::string tag = ".mlp.experts.";
+  std::vector<std::string> replicated, experts;
+  for (const auto& s : whole.specs())
+    (s.name.find(tag) == std::string::npos ? replicated : experts).push_back(s.name);
+  const std::int64_t moe_layers = m.n_layers - m.first_k_dense_replace;
+  ASSERT_EQ(static_cast<std::int64_t>(experts.size()), moe_layers * m.n_routed_experts * 3);
+  for (const int X : {2, 4}) {
+    const std::int64_t L = m.n_routed_experts / X;
+    std::vector<std::string> held;
+    for (int p = 0; p < X; ++p) {
+      const dst::model::Transformer net(m, {}, {p, X});
+      ParamStore part(net.parameter_layout(), Arena::Mode::allocate);
+      part.initialize(11);
+      std::vector<std::string> own_replicated;
+      std::size_t first_expert = part.size();
+      std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.n_layers), 0);
+      for (std::size_t i = 0; i < part.size(); ++i) {
+        const auto& s = part.spec(i);
+        const auto at = s.name.find(tag);
+        if (at == std::string::npos) {
+          EXPECT_EQ(s.ep_size, 1) << s.name;
+          EXPECT_EQ(first_expert, part.size()) << s.name << " after an expert (slot " << p << ")";
+          own_replicated.push_back(s.name);
+        } else {
+          first_expert = std::min(first_expert, i);
+          EXPECT_EQ(s.ep_size, X) << s.name;
+          const std::int64_t e = std::stoll(s.name.substr(at + tag.size()));
+          EXPECT_GE(e, p * L) << s.name << " slot " << p << " of " << X;
+          EXPECT_LT(e, (p + 1) * L) << s.name << " slot " << p << " of " << X;
+          ++per_layer[static_cast<std::size_t>(std::stoll(s.name.substr(13)))];
+          held.push_back(s.name);
+        }
+        const auto& w = whole.spec(whole.index_of(s.name));
+        ASSERT_EQ(s.shape, w.shape) << s.name;
+        EXPECT_EQ(std::memcmp(part.param(i).ptr<float>(),
+                              whole.param(whole.index_of(s.name)).ptr<float>(),
+                              static_cast<std::size_t>(s.shape.numel()) * sizeof(float)),
+                  0)
+            << s.name << " slot " << p << " of " << X;
+      }
+      EXPECT_EQ(own_replicated, replicated) << "slot " << p << " of " << X;
+      for (std::int64_t l = 0; l < m.n_layers; ++l)
+        EXPECT_EQ(per_layer[static_cast<std::size_t>(l)], m.moe_layer(l) ? 3 * L : 0)
+            << "layer " << l << " slot " << p << " of " << X;
+      EXPECT_LT(part.parameter_count(), whole.parameter_count());
+    }
+    std::sort(held.begin(), held.end());
+    std::vector<std::string> all = experts;
+    std::sort(all.begin(), all.end());
+    EXPECT_EQ(held, all) << X << " slots";
+  }
+  // A slot the experts do not divide into is refused.
+  EXPECT_THROW(dst::model::Transformer(m, {}, {0, 3}), dst::Error);
+}
 
 TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
   const auto m = three_blocks();
