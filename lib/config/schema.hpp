@@ -430,8 +430,9 @@ void visit_parallel(V& v, S&... s) {
                "moments; their gradients summed over the ranks holding the same ones), "
                "checkpoints every expert whole. Dropless unless model.moe.capacity_factor; "
                "node-limited routing by model.moe.max_nodes_per_token; host memory and the "
-               "mpi back end only, parallel.zero_stage 0 (the NCCL all-to-all exists, the "
-               "dispatch on a GPU does not; ZeRO and shm do not cover per-rank experts yet).")
+               "mpi back end only (the NCCL all-to-all exists, the dispatch on a GPU does not; "
+               "shm does not cover per-rank experts yet; with parallel.zero_stage > 0 or "
+               "pipeline stages every rank stores every expert).")
               .at_least(1)
               .at_most(kIntMax),
           s.expert...);

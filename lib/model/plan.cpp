@@ -181,10 +181,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const TensorSlice slice{0, layout.tensor};
   // Expert parallelism: expert slot 0 of the group, which holds 1 / layout.expert of the
   // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). Not with
-  // pipeline stages (the trainer keeps every expert on every rank there).
-  const ExpertSlice experts{0, m.n_routed_experts > 0 && layout.pipeline == 1 ? layout.expert : 1};
-  if (experts.size > 1 && options.zero_stage > 0 && layout.data > 1)
-    throw Error(expert_zero_refusal(layout.expert, options.zero_stage));
+  // pipeline stages or ZeRO (the trainer keeps every expert on every rank there).
+  const ExpertSlice experts{
+      0, m.n_routed_experts > 0 && layout.pipeline == 1 && options.zero_stage == 0 ? layout.expert
+                                                                                   : 1};
   const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                          DType::f32, true, nullptr, nullptr, c.training.recompute, false,
                          StageBlocks::whole(), slice, experts);

@@ -104,7 +104,10 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   // Expert parallelism: this rank holds its expert slot's routed experts only (not built
   // with pipeline stages yet: there every rank holds every expert, the unowned ones with
   // zero gradients, summed over the data group).
-  expert_storage_ = layout.expert > 1 && config.model.n_routed_experts > 0 && stages_ == 1;
+  // (Not with pipeline stages or ZeRO, whose shards do not know the expert region yet:
+  // every rank then stores every expert, as before per-rank storage existed.)
+  expert_storage_ = layout.expert > 1 && config.model.n_routed_experts > 0 && stages_ == 1 &&
+                    config.parallel.zero_stage == 0;
   const model::ExpertSlice experts{expert_storage_ ? groups.expert_rank : 0,
                                    expert_storage_ ? layout.expert : 1};
   model::StageBlocks stage = model::StageBlocks::whole();
@@ -167,8 +170,6 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     throw Error("trainer: parallel.zero_stage " + std::to_string(zero_stage_) +
                 " needs the model in host memory and the mpi or shm back end (a device's "
                 "reduce-scatter onto shards is not built yet); set parallel.zero_stage: 0");
-  if (expert_storage_ && zero_stage_ > 0)
-    throw Error("trainer: " + model::expert_zero_refusal(layout.expert, zero_stage_));
   if (expert_storage_ && (shared_ || device_comm_))
     throw Error("trainer: parallel.expert " + std::to_string(layout.expert) +
                 " holds each rank's own routed experts, summed over the expert-data group: "

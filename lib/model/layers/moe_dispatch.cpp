@@ -15,14 +15,6 @@
 
 namespace dst::model {
 
-std::string expert_zero_refusal(int expert, int zero_stage) {
-  return "parallel.expert " + std::to_string(expert) + " with parallel.zero_stage " +
-         std::to_string(zero_stage) +
-         " is not built yet: each rank holds only its own routed experts, whose gradients are "
-         "summed over the expert-data group, and ZeRO shards one flat buffer over the whole "
-         "data group; set parallel.zero_stage: 0 (or parallel.expert: 1)";
-}
-
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {

@@ -43,11 +43,6 @@ struct ExpertSlice {
   int size = 1;
 };
 
-/// Why parallel.expert `expert` > 1 is refused with parallel.zero_stage `zero_stage` > 0
-/// (the trainer and `dstrain check`): each rank holds its own experts, which ZeRO's shards
-/// of one flat buffer over the data group do not cover yet.
-std::string expert_zero_refusal(int expert, int zero_stage);
-
 /// The all-to-all traffic of the MoE layers since the last reset (metrics).
 struct ExpertTraffic {
   double seconds = 0.0;              ///< wall time in the all-to-alls (counts and rows)
