@@ -19,15 +19,11 @@ micro-batch 2, global batch 8, 6 steps:
 
 usage: moe_routing_limits.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 """
-import json
-import os
-import subprocess
 import sys
 
-import h5py
 import numpy as np
 
-from training_e2e import rel_l2, setup
+from training_e2e import read_run, rel_l2, setup
 
 TOL = 1e-5
 STEPS = 6
@@ -36,31 +32,19 @@ SEQ, MICRO, GLOBAL = 64, 2, 8
 
 def main():
     st = setup(SEQ)
-    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
     problems = []
 
     def run(name, ranks, expert, *extra):
-        out = os.path.join(work, name)
-        cmd = [*st.mpiexec(ranks), dstrain, "train", deck, "--set", "model.preset=tiny-moe",
-               "--set", f"data.train={data}/train.txt", "--set", f"data.valid={data}/valid.txt",
-               "--set", "data.text_separator=", "--set", f"data.seq_len={SEQ}",
-               "--set", f"training.micro_batch_size={MICRO}",
-               "--set", f"training.global_batch_size={GLOBAL}",
-               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
-               "--set", "model.moe.bias_update_rate=0.01", "--set", "logging.every_steps=1",
-               "--set", "eval.every_steps=0", "--set", "eval.batches=1",
-               "--set", "checkpoint.every_steps=0", "--set", f"run.output_dir={out}",
-               "--set", "parallel.backend=mpi", "--set", f"parallel.expert={expert}", *extra]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        sets = ["model.preset=tiny-moe", "model.moe.bias_update_rate=0.01",
+                "parallel.backend=mpi", f"parallel.expert={expert}", *extra]
+        out, r, _ = st.train(name, ranks, sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
+                             steps=STEPS)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             print(f"FAILED: {name} exited {r.returncode}")
             sys.exit(1)
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            steps = [json.loads(line) for line in f if line.strip()]
-        steps = {s["step"]: s for s in steps if s.get("type") == "step"}
-        with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
-            params = {k: np.array(f["params"][k]) for k in f["params"]}
+        records, params = read_run(out)
+        steps = {s["step"]: s for s in records if s.get("type") == "step"}
         return {"name": name, "steps": steps, "params": params, "log": r.stdout + r.stderr}
 
     def same_bits(got, ref):
@@ -98,13 +82,13 @@ def main():
 
     # 1. capacity
     free = run("np2-e1", 2, 1)
-    big = run("np2-e1-cap100", 2, 1, "--set", "model.moe.capacity_factor=100")
+    big = run("np2-e1-cap100", 2, 1, "model.moe.capacity_factor=100")
     same_bits(big, free)
     if any(big["steps"][s].get("moe_dropped_rows") != 0 for s in range(1, STEPS + 1)):
         problems.append("capacity 100: moe_dropped_rows missing or not 0")
     if "moe_dropped_rows" in free["steps"][STEPS]:
         problems.append("the dropless run reports dropped rows")
-    cap = run("np2-e1-cap0.5", 2, 1, "--set", "model.moe.capacity_factor=0.5")
+    cap = run("np2-e1-cap0.5", 2, 1, "model.moe.capacity_factor=0.5")
     for s in range(1, STEPS + 1):
         d, f = cap["steps"][s].get("moe_dropped_rows", 0), cap["steps"][s].get("moe_dropped_fraction", 0)
         # rows a step: 8 sequences x 64 tokens x top-2 x 3 MoE blocks
@@ -115,21 +99,21 @@ def main():
     differs(cap, free)
     print(f"capacity 0.5: step {STEPS} dropped {cap['steps'][STEPS]['moe_dropped_rows']:.0f} rows "
           f"({100 * cap['steps'][STEPS]['moe_dropped_fraction']:.2f}%)")
-    close(run("np2-e2-cap0.5", 2, 2, "--set", "model.moe.capacity_factor=0.5"), cap)
+    close(run("np2-e2-cap0.5", 2, 2, "model.moe.capacity_factor=0.5"), cap)
     # training.recompute full: the recomputed forward drops the same rows again (and does
     # not count them twice).
-    close(run("np2-e2-cap0.5-recompute", 2, 2, "--set", "model.moe.capacity_factor=0.5",
-              "--set", "training.recompute=full"), cap)
+    close(run("np2-e2-cap0.5-recompute", 2, 2, "model.moe.capacity_factor=0.5",
+              "training.recompute=full"), cap)
 
     # 2. node-limited routing
-    nodes = ("--set", "debug.expert_nodes=4")
-    one = ("--set", "model.moe.max_nodes_per_token=1")
-    ref = run("np4-e1-m1", 4, 1, *one, *nodes)
-    close(run("np4-e4-m1", 4, 4, *one, *nodes), ref)
-    close(run("np4-e2-m1", 4, 2, *one, *nodes), ref)
+    nodes = "debug.expert_nodes=4"
+    one = "model.moe.max_nodes_per_token=1"
+    ref = run("np4-e1-m1", 4, 1, one, nodes)
+    close(run("np4-e4-m1", 4, 4, one, nodes), ref)
+    close(run("np4-e2-m1", 4, 2, one, nodes), ref)
     differs(ref, run("np4-e1", 4, 1))
-    same_bits(run("np2-e1-m4", 2, 1, "--set", "model.moe.max_nodes_per_token=4", *nodes), free)
-    same_bits(run("np2-e2-m1-hosts", 2, 2, *one), run("np2-e2", 2, 2))
+    same_bits(run("np2-e1-m4", 2, 1, "model.moe.max_nodes_per_token=4", nodes), free)
+    same_bits(run("np2-e2-m1-hosts", 2, 2, one), run("np2-e2", 2, 2))
 
     if problems:
         for p in problems:

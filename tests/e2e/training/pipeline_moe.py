@@ -32,15 +32,13 @@ balance loss's gradient lost on a stage, a bias moved from another stage's loads
 
 usage: pipeline_moe.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 """
-import json
 import os
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 
-from training_e2e import setup
+from training_e2e import read_run, setup
 
 STEPS = 10
 SEQ, MICRO, GLOBAL = 64, 2, 8
@@ -48,40 +46,26 @@ SEQ, MICRO, GLOBAL = 64, 2, 8
 
 def main():
     st = setup(SEQ)
-    dstrain, deck, work, data = st.dstrain, st.deck, st.work, st.data
-    mpiexec, numproc_flag, preflags = *st.launch, st.preflags
     problems = []
 
     def run(name, ranks, sets, layout):
-        out = os.path.join(work, name)
-        cmd = [mpiexec, numproc_flag, str(ranks), "--oversubscribe", *preflags, dstrain, "train",
-               deck, "--set", "model.preset=tiny-moe", "--set", f"data.train={data}/train.txt",
-               "--set", f"data.valid={data}/valid.txt", "--set", "data.text_separator=",
-               "--set", f"data.seq_len={SEQ}", "--set", f"training.micro_batch_size={MICRO}",
-               "--set", f"training.global_batch_size={GLOBAL}",
-               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
-               "--set", "model.moe.bias_update_rate=0.01",
-               "--set", "model.moe.seq_aux_loss_alpha=0.01",
-               "--set", "logging.every_steps=1", "--set", "eval.every_steps=5",
-               "--set", "eval.batches=1", "--set", "checkpoint.every_steps=5",
-               "--set", f"run.output_dir={out}"]
-        for s in sets:
-            cmd += ["--set", s]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        out, r, _ = st.train(name, ranks,
+                             ["model.preset=tiny-moe", "model.moe.bias_update_rate=0.01",
+                              "model.moe.seq_aux_loss_alpha=0.01", "eval.every_steps=5",
+                              *sets],
+                             seq=SEQ, micro=MICRO, global_batch=GLOBAL, steps=STEPS,
+                             checkpoint_every=5)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             raise SystemExit(f"FAILED: {name} exited {r.returncode}")
         if layout not in r.stdout + r.stderr:
             print(r.stdout + r.stderr)
             raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+        recs, params = read_run(out)
         steps = [(x["step"], x["loss"], x["grad_norm"], x["aux_loss"], x["moe"],
                   x.get("moe_dropped_rows"))
                  for x in recs if x.get("type") == "step"]
         evals = [(x["step"], x["val_loss"]) for x in recs if x.get("type") == "eval"]
-        with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
-            params = {k: np.array(f["params"][k]) for k in f["params"]}
         return out, steps, params, evals
 
     def same_bits(name, a, b, first_step=1):
