@@ -39,10 +39,7 @@ void Embedding::forward(const Compute& c, const tensor::Tensor& tokens,
 }
 
 VocabSlice Embedding::slice(const Compute& c) const {
-  if (c.tensor == nullptr || c.tensor->size() != tp_)
-    throw Error("model: the embedding was built for " + std::to_string(tp_) +
-                " tensor-parallel slices but computes without that tensor group");
-  return VocabSlice::of(vocab_, c.tensor->rank(), tp_);
+  return VocabSlice::of_group(vocab_, c.tensor, tp_, "the embedding");
 }
 
 void Embedding::backward(const Compute& c, const tensor::Tensor& tokens,

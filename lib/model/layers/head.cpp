@@ -68,10 +68,7 @@ std::uint64_t cross_entropy_bytes(const HeadActs& a) {
 }  // namespace
 
 VocabSlice Head::slice(const Compute& c) const {
-  if (c.tensor == nullptr || c.tensor->size() != tp_)
-    throw Error("model: the head was built for " + std::to_string(tp_) +
-                " tensor-parallel slices but computes without that tensor group");
-  return VocabSlice::of(vocab_, c.tensor->rank(), tp_);
+  return VocabSlice::of_group(vocab_, c.tensor, tp_, "the head");
 }
 
 void Head::loss(const Compute& c, const HeadActs& a, const tensor::Tensor& targets) const {

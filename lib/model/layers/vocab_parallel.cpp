@@ -72,6 +72,14 @@ VocabSlice VocabSlice::of(const std::int64_t vocab, const int rank, const int si
   return s;
 }
 
+VocabSlice VocabSlice::of_group(const std::int64_t vocab, const TensorParallel* group,
+                                const int slices, const char* layer) {
+  if (group == nullptr || group->size() != slices)
+    throw Error(std::string("model: ") + layer + " was built for " + std::to_string(slices) +
+                " tensor-parallel slices but computes without that tensor group");
+  return of(vocab, group->rank(), slices);
+}
+
 void vocab_parallel_embedding_forward(comm::Communicator& group, const VocabSlice& slice,
                                       const std::int32_t* tokens, const std::int64_t n,
                                       const float* table, const std::int64_t dim, float* out) {

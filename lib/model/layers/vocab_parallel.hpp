@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "comm/communicator.hpp"
+#include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
@@ -32,6 +33,11 @@ struct VocabSlice {
   std::int64_t first = 0, count = 0;
   /// Throws dst::Error unless size >= 1, 0 <= rank < size, vocab >= 1 and size divides vocab.
   static VocabSlice of(std::int64_t vocab, int rank, int size);
+  /// This rank's slice in `group` for a layer (`layer`: "the head", "the embedding") built
+  /// for `slices` slices. Throws dst::Error when the layer computes without that tensor
+  /// group (nullptr or another size).
+  static VocabSlice of_group(std::int64_t vocab, const TensorParallel* group, int slices,
+                             const char* layer);
   /// True when vocabulary id `id` is one of this slice's rows.
   bool holds(std::int64_t id) const { return id >= first && id < first + count; }
 };

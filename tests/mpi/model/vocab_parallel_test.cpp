@@ -140,6 +140,18 @@ TEST(VocabSliceTest, SplitsEvenlyAndRefusesTheRest) {
   EXPECT_THROW(VocabSlice::of(64, 0, 0), dst::Error);
 }
 
+// A layer built for the world's slices takes this rank's; without the tensor group, or
+// with a group of another size, it refuses to compute instead of reading another slice.
+TEST(VocabSliceTest, OfGroupNeedsTheGroupTheLayerWasBuiltFor) {
+  Group g;
+  dst::model::TensorParallel tp(g.comm);
+  const VocabSlice s = VocabSlice::of_group(64, &tp, world_size(), "the head");
+  EXPECT_EQ(s.count, 64 / world_size());
+  EXPECT_EQ(s.first, world_rank() * s.count);
+  EXPECT_THROW(VocabSlice::of_group(64, nullptr, world_size(), "the head"), dst::Error);
+  EXPECT_THROW(VocabSlice::of_group(64, &tp, world_size() * 2, "the embedding"), dst::Error);
+}
+
 TEST_P(VocabParallel, EmbeddingForwardIsTheFullGatherBitForBit) {
   const std::int64_t v = GetParam();
   Group g;
