@@ -31,10 +31,14 @@ struct TensorSlice {
   int size = 1;
 };
 
-/// The all-reduces the layers did since the last reset (metrics).
+/// The collectives the layers did since the last reset (metrics).
 struct TensorTraffic {
-  double seconds = 0.0;     ///< wall time in them
-  std::uint64_t bytes = 0;  ///< bytes reduced (the buffers' size, once per call)
+  double seconds = 0.0;  ///< wall time in them
+  /// All-reduce-equivalent volume: an all-reduce counts its buffer's size once; a
+  /// reduce-scatter or an all-gather counts half of its whole (gathered) buffer, since a
+  /// ring moves half an all-reduce's bytes in each (the two halves of one all-reduce), so
+  /// a reduce-scatter plus an all-gather of the same rows count as one all-reduce of them.
+  std::uint64_t bytes = 0;
   std::int64_t calls = 0;
 };
 
@@ -51,6 +55,14 @@ class TensorParallel {
   /// t (f32, host memory) = the sum of every rank's t, in place, on every rank. Throws
   /// dst::TimeoutError past the group's deadline.
   void all_reduce(const tensor::Tensor& t);
+  /// Split by rows (dimension 0; sequence parallelism): `local` (f32, host, rows/T rows)
+  /// = rows [rank R, (rank+1) R) of the sum of every rank's `whole` (R = whole's rows / T).
+  /// Throws dst::Error unless T divides whole's rows and local has R rows of the same
+  /// width; dst::TimeoutError past the group's deadline.
+  void reduce_scatter(const tensor::Tensor& whole, const tensor::Tensor& local);
+  /// The inverse split: `whole` = every rank's `local` stacked by rank (rank r's rows at
+  /// [r R, (r+1) R)), on every rank. Same checks and deadline as reduce_scatter.
+  void all_gather(const tensor::Tensor& local, const tensor::Tensor& whole);
   /// Runs `collectives` (over group(), moving `bytes`: the vocabulary-parallel embedding
   /// and cross-entropy) and counts them as this group's traffic.
   template <class F>
