@@ -181,6 +181,10 @@ def main():
     _, *kv2tp1 = run("kv2-tp1", 1, kv2, lay.format(1, 1, 1))
     kv_out, *kv2tp4 = run("kv2-tp4", 4, kv2 + ["parallel.tensor=4"], lay.format(1, 4, 1))
     within("n_kv_heads 2, TP=4 vs 1 rank", kv2tp4, kv2tp1)
+    # The gradient norm counts each replicated key/value slice once.
+    norm_err = max(abs(a[2] - b[2]) / b[2] for a, b in zip(kv2tp4[0], kv2tp1[0]))
+    if norm_err > TOL:
+        problems.append(f"n_kv_heads 2, TP=4: gradient norms differ by {norm_err:.2e} relative")
     ck = os.path.join(kv_out, "checkpoints/step-5.h5")
     with h5py.File(ck, "r") as f:
         shape = f["params"]["model.layers.0.self_attn.k_proj.weight"].shape
