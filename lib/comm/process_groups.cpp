@@ -136,6 +136,13 @@ ProcessGroups make_process_groups(MPI_Comm world, const config::Layout& layout, 
                          timeout_s);
   g.expert_data = split_group(world, outer * X + me.data % X, me.data / X, layout.data / X,
                               "expert_data", timeout_s);
+  // Replicated key/value heads: consecutive tensor ranks, so consecutive world ranks.
+  const int R = layout.kv_replicas;
+  if (R < 1 || layout.tensor % R != 0)
+    throw Error("comm: process groups: " + std::to_string(R) +
+                " ranks sharing each key/value head do not divide parallel.tensor " +
+                std::to_string(layout.tensor));
+  g.kv_replica = split_group(world, world_rank / R, me.tensor % R, R, "kv_replica", timeout_s);
   return g;
 }
 
@@ -145,9 +152,10 @@ void verify_process_groups(ProcessGroups& groups) {
   const int world_rank = groups.world->rank();
   Communicator* const all[] = {groups.world.get(), groups.data.get(), groups.tensor.get(),
                                groups.pipeline.get()};
-  // The expert groups (when made): every member takes part; their membership is that of
-  // make_process_groups's split, checked there by size and position.
-  for (Communicator* group : {groups.expert.get(), groups.expert_data.get()}) {
+  // The expert and kv_replica groups (when made): every member takes part; their membership is that
+  // of make_process_groups's split, checked there by size and position.
+  for (Communicator* group :
+       {groups.expert.get(), groups.expert_data.get(), groups.kv_replica.get()}) {
     if (!group) continue;
     const auto counted = group->allreduce_value<std::int32_t>(1, ReduceOp::sum);
     if (counted != group->size())

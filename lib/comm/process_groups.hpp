@@ -45,6 +45,11 @@ struct ProcessGroups {
   /// data_rank / X). X = 1: "expert" is this rank alone and "expert_data" the data group.
   std::unique_ptr<Communicator> expert;
   std::unique_ptr<Communicator> expert_data;
+  /// Tensor parallelism with replicated key/value heads (layout.kv_replicas = R > 1): the
+  /// R consecutive ranks of this rank's tensor group that hold the same heads, tensor_rank
+  /// / R * R .. + R - 1, named "kv_replica" (rank order = tensor_rank % R). R = 1: this
+  /// rank alone.
+  std::unique_ptr<Communicator> kv_replica;
   int data_rank = 0;
   int tensor_rank = 0;
   int pipeline_rank = 0;

@@ -516,8 +516,16 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
   if (m.mla() || m.n_routed_experts > 0) return;
   divides("model.n_heads", m.n_heads, "attention heads");
   // Key/value heads split like the query heads (each rank's query heads read its own key/
-  // value heads); replicating them when there are fewer than T is not built.
-  divides("model.n_kv_heads", m.n_kv_heads, "key/value heads (they are split, not replicated)");
+  // value heads) when T divides them; fewer than T: each is replicated on T / n_kv_heads
+  // ranks (Megatron-LM's rule), which needs n_kv_heads to divide T.
+  if (m.n_kv_heads % T != 0 && T % m.n_kv_heads != 0)
+    fail_combination(given, fallback, {"parallel.tensor", "model.n_kv_heads"},
+                     "parallel.tensor (" + s(T) +
+                         ") neither divides nor is a multiple of "
+                         "model.n_kv_heads (" +
+                         s(m.n_kv_heads) +
+                         "): each rank of a tensor group holds the same share of the key/value "
+                         "heads (T / n_kv_heads ranks share each head when T > n_kv_heads)");
   divides("model.ffn_dim", m.ffn_dim, "MLP's hidden columns");
   divides("model.vocab_size", m.vocab_size, "vocabulary (embedding and head rows)");
 }
@@ -1178,6 +1186,8 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
   layout.pipeline = static_cast<int>(p.pipeline);
   layout.tensor = static_cast<int>(p.tensor);
   layout.expert = static_cast<int>(p.expert);
+  if (config.model.n_kv_heads > 0 && p.tensor > config.model.n_kv_heads && !config.model.mla())
+    layout.kv_replicas = static_cast<int>(p.tensor / config.model.n_kv_heads);
   if (t.global_batch_size > 0) {
     if (t.global_batch_size % per_micro_step != 0)
       throw DeckError("training.global_batch_size", world,

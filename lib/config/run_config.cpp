@@ -115,7 +115,7 @@ bool operator==(const RunConfig& a, const RunConfig& b) {
 
 bool operator==(const Layout& a, const Layout& b) {
   return a.world_size == b.world_size && a.data == b.data && a.tensor == b.tensor &&
-         a.pipeline == b.pipeline && a.expert == b.expert &&
+         a.pipeline == b.pipeline && a.expert == b.expert && a.kv_replicas == b.kv_replicas &&
          a.grad_accum_steps == b.grad_accum_steps && a.global_batch_size == b.global_batch_size;
 }
 

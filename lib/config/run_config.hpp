@@ -307,7 +307,10 @@ struct Layout {
   int data = 1;
   int tensor = 1;
   int pipeline = 1;
-  int expert = 1;                      ///< parallel.expert: ranks of an expert group (divides data)
+  int expert = 1;  ///< parallel.expert: ranks of an expert group (divides data)
+  /// Consecutive tensor ranks sharing each key/value head: parallel.tensor / model.n_kv_heads
+  /// when that exceeds 1 (the heads are replicated), else 1.
+  int kv_replicas = 1;
   std::int64_t grad_accum_steps = 1;   ///< micro-steps per optimizer step
   std::int64_t global_batch_size = 1;  ///< sequences per optimizer step
 };

@@ -391,7 +391,9 @@ void visit_parallel(V& v, S&... s) {
                "ranks (Megatron-LM's layout: attention by heads, the MLP by hidden columns, "
                "embedding and head by vocabulary rows, a cross-entropy over the split "
                "vocabulary; docs/performance.md, \"tensor parallelism\"). Divides "
-               "model.n_heads, n_kv_heads, ffn_dim and vocab_size. The world is pipeline x "
+               "model.n_heads, ffn_dim and vocab_size, and divides model.n_kv_heads or is a "
+               "multiple of it (fewer key/value heads than ranks: each is replicated on "
+               "tensor / n_kv_heads ranks, as Megatron-LM does). The world is pipeline x "
                "data x tensor ranks. Dense decoder on host memory only for now: not with "
                "latent attention, DeepSeekMoE, the MTP module, kernels.backend "
                "cuda or parallel.backend nccl.")

@@ -101,8 +101,11 @@ void mark_tensor_slices(std::vector<ParamSpec>& specs, int rank, int size) {
                 std::to_string(size));
   for (ParamSpec& s : specs) {
     if (s.split == Split::replicated) continue;
-    s.tp_rank = rank;
-    s.tp_size = size;
+    if (s.tp_replicas < 1 || size % s.tp_replicas != 0)
+      throw Error("model: " + s.name + " is shared by " + std::to_string(s.tp_replicas) +
+                  " tensor-parallel ranks, which does not divide the " + std::to_string(size));
+    s.tp_rank = rank / s.tp_replicas;
+    s.tp_size = size / s.tp_replicas;
   }
 }
 

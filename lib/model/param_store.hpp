@@ -53,6 +53,11 @@ struct ParamSpec {
   /// tensor along the split's dimension (column, vocab: rows; row: columns); 1: whole.
   int tp_rank = 0;
   int tp_size = 1;
+  /// Consecutive ranks of the tensor group that hold the same slice (declared by the
+  /// layer; 1: every rank its own). Attention's key/value heads when parallel.tensor T
+  /// exceeds model.n_kv_heads KV: R = T / KV ranks share each head (Megatron-LM replicates
+  /// them), so tensor rank r holds slice tp_rank = r / R of tp_size = T / R.
+  int tp_replicas = 1;
   /// Expert parallelism (layers/moe_dispatch.hpp): > 1 for a routed expert's tensor held
   /// by the ranks of one expert slot only (1 / ep_size of the experts per rank): its
   /// gradient is summed over the expert-data group, not the data group.
@@ -68,7 +73,8 @@ void copy_slice_from_whole(const ParamSpec& s, const float* whole, float* slice)
 /// Copies slice `s` into its place in the logical tensor `whole`.
 void copy_slice_to_whole(const ParamSpec& s, const float* slice, float* whole);
 /// Marks every split parameter of `specs` (declared by the layers as their slice) as slice
-/// `rank` of `size`. Throws dst::Error for a rank outside [0, size).
+/// `rank` of `size` (a replicated slice, tp_replicas R > 1: slice rank / R of size / R).
+/// Throws dst::Error for a rank outside [0, size) or an R that does not divide size.
 void mark_tensor_slices(std::vector<ParamSpec>& specs, int rank, int size);
 
 /// Standard deviation of every weight matrix at initialisation (Llama/DeepSeek-LLM

@@ -428,6 +428,27 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     plan.collectives.push_back({"all-reduce of the activations over the tensor group of " +
                                     std::to_string(TP) + " (" + format_count(calls) + " per step)",
                                 buffer, plan.tensor_bytes_per_step});
+    // Key/value heads replicated on R = TP / n_kv_heads ranks (layers/attention.cpp): per
+    // micro-batch and block, the backward sums the key and the value gradients, (micro x
+    // seq_len, head_dim) fp32 each, over the R ranks sharing the head. Ring factor
+    // 2 (R-1)/R. (Their weights, one head's each, are in the parameters per rank.)
+    const std::int64_t R = m.mla() || TP <= m.n_kv_heads ? 1 : TP / m.n_kv_heads;
+    if (R > 1) {
+      const double kv_calls =
+          2.0 * static_cast<double>(blocks) * static_cast<double>(layout.grad_accum_steps);
+      const double kv_buffer = static_cast<double>(c.training.micro_batch_size) *
+                               static_cast<double>(T) * static_cast<double>(m.d_model / m.n_heads) *
+
+                               sizeof(float);
+      const double kv_bytes =
+          kv_calls * 2.0 * static_cast<double>(R - 1) / static_cast<double>(R) * kv_buffer;
+      plan.tensor_allreduces_per_step += kv_calls;
+      plan.tensor_bytes_per_step += kv_bytes;
+      plan.collectives.push_back({"all-reduce of the key/value gradients over the " +
+                                      std::to_string(R) + " ranks sharing each head (" +
+                                      format_count(kv_calls) + " per step)",
+                                  kv_buffer, kv_bytes});
+    }
   }
 
   // The step's time on the host kind's rates: every executed FLOP at the matrix-product

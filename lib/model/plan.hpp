@@ -152,7 +152,8 @@ struct Plan {
   /// balanced load assumed); 0 without.
   double alltoall_bytes_per_moe_layer = 0;
   /// Tensor parallelism (layout.tensor > 1): the activation all-reduces over the tensor
-  /// group per step, and the bytes one rank sends in them (ring); 0 without. Listed in
+  /// group (and over the ranks sharing a key/value head) per step, and the bytes one rank
+  /// sends in them (ring); 0 without. Listed in
   /// `collectives` too, but not in comm_bytes_per_step (the data group's).
   double tensor_allreduces_per_step = 0;
   double tensor_bytes_per_step = 0;

@@ -203,7 +203,16 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       stage, slice, experts);
   // Tensor parallelism: every forward and backward reduces over the tensor group.
   if (tensor_ > 1) {
-    tensor_parallel_ = std::make_unique<model::TensorParallel>(*groups.tensor);
+    // Replicated key/value heads: their holders' group must be the one the model needs.
+    const std::int64_t kv = config.model.n_kv_heads;
+    const int replicas = tensor_ > kv ? static_cast<int>(tensor_ / kv) : 1;
+    if (replicas > 1 && (!groups.kv_replica || groups.kv_replica->size() != replicas))
+      throw Error("trainer: the " + std::to_string(replicas) +
+                  " tensor ranks sharing each key/value head have no process group "
+                  "(layout.kv_replicas " +
+                  std::to_string(layout_.kv_replicas) + ")");
+    tensor_parallel_ =
+        std::make_unique<model::TensorParallel>(*groups.tensor, groups.kv_replica.get());
     model_->set_tensor_parallel(tensor_parallel_.get());
   }
   // DeepSeekMoE blocks in the model, and on each stage (the balance loss and the loads are
@@ -486,9 +495,11 @@ StepStats Trainer::step() {
   if (expert_storage_) sum_of_squares = expert_sum_of_squares(per_tensor);
   if (tensor_ > 1) {
     // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
-    // equal): one all-reduce over the tensor group, in the store's order.
+    // equal), a slice shared by R ranks (key/value heads) once, from the first of them:
+    // one all-reduce over the tensor group, in the store's order.
     for (std::size_t i = 0; i < per_tensor.size(); ++i)
-      if (ps.spec(i).split == model::Split::replicated && groups_.tensor_rank != 0)
+      if ((ps.spec(i).split == model::Split::replicated && groups_.tensor_rank != 0) ||
+          groups_.tensor_rank % ps.spec(i).tp_replicas != 0)
         per_tensor[i] = 0.0;
     groups_.tensor->allreduce(per_tensor.data(), per_tensor.size(), DType::f64,
                               comm::ReduceOp::sum);
@@ -1019,9 +1030,10 @@ Trainer::CheckpointStream Trainer::checkpoint_stream(const bool params_only) con
       } else {
         slices->resize(local * static_cast<std::size_t>(tensor_));
         groups_.tensor->allgather(mine, slices->data(), local, DType::f32);
-        for (int r = 0; r < tensor_; ++r) {
+        // A slice shared by tp_replicas ranks: from the first of them.
+        for (int r = 0; r < tensor_; r += spec.tp_replicas) {
           model::ParamSpec slice = spec;
-          slice.tp_rank = r;
+          slice.tp_rank = r / spec.tp_replicas;
           model::copy_slice_to_whole(slice, slices->data() + static_cast<std::size_t>(r) * local,
                                      whole->data());
         }
@@ -1274,21 +1286,26 @@ Trainer::WorkSpread Trainer::work_spread(const std::vector<double>& work_s,
 
 void Trainer::check_replicated_across_slices(const std::vector<std::uint64_t>& mine) {
   // The tensors every slice holds whole (the norms) must be equal across the tensor group:
-  // each slice computes their gradients from the same whole activations. The lowest
-  // tensor of the whole model that differs in any group, and the world ranks whose copy
-  // differs from their group's slice 0 there (two all-reduces over every rank, so that
-  // every rank stops alike).
+  // each slice computes their gradients from the same whole activations; so must a slice
+  // shared by several ranks (key/value heads, tp_replicas > 1) across its holders. The
+  // lowest tensor of the whole model that differs in any group, and the world ranks whose
+  // copy differs from their group's reference there (slice 0, or the shared slice's first
+  // holder; two all-reduces over every rank, so that every rank stops alike).
   const auto& ps = model_->params();
   const std::size_t P = ps.size();
   const auto T = static_cast<std::size_t>(tensor_);
+  // The tensor rank whose copy of tensor i rank r's must equal (r itself: not shared).
+  const auto reference_of = [&](std::size_t i, std::size_t r) {
+    if (ps.spec(i).split == model::Split::replicated) return std::size_t{0};
+    return r - r % static_cast<std::size_t>(ps.spec(i).tp_replicas);
+  };
   std::vector<std::uint64_t> all(P * T);
   groups_.tensor->allgather(mine.data(), all.data(), P, DType::u64);
   constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
   std::int64_t first = kNone;
   for (std::size_t i = 0; i < P && first == kNone; ++i) {
-    if (ps.spec(i).split != model::Split::replicated) continue;
     for (std::size_t r = 1; r < T; ++r)
-      if (all[r * P + i] != all[i])
+      if (all[r * P + i] != all[reference_of(i, r) * P + i])
         first = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
   }
   groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
@@ -1300,19 +1317,21 @@ void Trainer::check_replicated_across_slices(const std::vector<std::uint64_t>& m
     std::size_t i = P;
     for (std::size_t k = 0; k < P; ++k)
       if (ps.spec(k).name == name) i = k;
-    bool any = false;
     for (std::size_t r = 1; i < P && r < T; ++r)
-      if (all[r * P + i] != all[i]) {
+      if (all[r * P + i] != all[reference_of(i, r) * P + i]) {
         differs[static_cast<std::size_t>(groups_.world->rank()) + r] = 1;
-        any = true;
+        if (reference == kNone)
+          reference = groups_.world->rank() + static_cast<std::int64_t>(reference_of(i, r));
       }
-    if (any) reference = groups_.world->rank();
   }
   groups_.world->allreduce(differs.data(), differs.size(), DType::i64, comm::ReduceOp::max);
   groups_.world->allreduce(&reference, 1, DType::i64, comm::ReduceOp::min);
   std::ostringstream os;
   os << "parameters differ between the tensor slices at step " << step_ << ": tensor " << name
-     << " (held whole by every slice) differs from rank " << reference << "'s on rank";
+     << (full_layout_->spec(static_cast<std::size_t>(first)).split == model::Split::replicated
+             ? " (held whole by every slice)"
+             : " (a slice shared by several tensor ranks)")
+     << " differs from rank " << reference << "'s on rank";
   for (std::size_t r = 0; r < differs.size(); ++r)
     if (differs[r] != 0) os << " " << r;
   throw CollectiveError(os.str(), kExitDiverged);

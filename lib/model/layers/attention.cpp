@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "blas/gemm.hpp"
+#include "core/error.hpp"
 #include "kernels/kernels.hpp"
 #include "model/layers/yarn.hpp"
 #include "tensor/memory.hpp"
@@ -142,18 +144,27 @@ Attention::Attention(std::string prefix, std::int64_t dim, std::int64_t heads,
     : prefix_(std::move(prefix)),
       C_(dim),
       H_(heads / tensor_parallel),
-      KV_(kv_heads / tensor_parallel),
+      KV_(std::max<std::int64_t>(1, kv_heads / tensor_parallel)),
       D_(dim / heads),
       out_std_(out_std),
-      scale_(1.0f / std::sqrt(static_cast<float>(dim / heads))) {}
+      scale_(1.0f / std::sqrt(static_cast<float>(dim / heads))),
+      kv_replicas_(kv_heads < tensor_parallel ? static_cast<int>(tensor_parallel / kv_heads) : 1) {
+  if (heads % tensor_parallel != 0 ||
+      (kv_heads % tensor_parallel != 0 && tensor_parallel % kv_heads != 0))
+    throw Error("model: tensor parallelism over " + std::to_string(tensor_parallel) +
+                " ranks does not split " + std::to_string(heads) + " query heads and " +
+                std::to_string(kv_heads) + " key/value heads evenly");
+}
 
 void Attention::declare(std::vector<ParamSpec>& specs) const {
   const std::int64_t Q = H_ * D_, KV = KV_ * D_;
   add_param(specs, prefix_ + "q_proj.weight", {Q, C_}, Init::normal, kInitStd, true, Split::column);
   add_param(specs, prefix_ + "k_proj.weight", {KV, C_}, Init::normal, kInitStd, true,
             Split::column);
+  specs.back().tp_replicas = kv_replicas_;
   add_param(specs, prefix_ + "v_proj.weight", {KV, C_}, Init::normal, kInitStd, true,
             Split::column);
+  specs.back().tp_replicas = kv_replicas_;
   add_param(specs, prefix_ + "o_proj.weight", {C_, Q}, Init::normal, out_std_, true, Split::row);
 }
 
@@ -302,8 +313,28 @@ void Attention::backward(const Compute& c, const Rope& rope, std::int64_t B, std
   c.store(s.d_k);
   c.store(s.d_v);
   blas::linear_backward(c.ctx, s.d_q, x, c.weight(q_), dx, c.grad(q_));
-  blas::linear_backward(c.ctx, s.d_k, x, c.weight(k_), dx, c.grad(k_), true);
-  blas::linear_backward(c.ctx, s.d_v, x, c.weight(v_), dx, c.grad(v_), true);
+  if (kv_replicas_ == 1) {
+    blas::linear_backward(c.ctx, s.d_k, x, c.weight(k_), dx, c.grad(k_), true);
+    blas::linear_backward(c.ctx, s.d_v, x, c.weight(v_), dx, c.grad(v_), true);
+  } else {
+    // A key/value head shared by kv_replicas_ ranks: d_k, d_v here are the share of this
+    // rank's query heads. The input gradient takes that share (the tensor all-reduce below
+    // sums the shares); the weight gradient needs the whole, so d_k and d_v are summed
+    // over the ranks sharing the head first. Summing these activation gradients, rather
+    // than the weight gradients after the backward, keeps the replicas' gradients equal
+    // (the same bits) from the start, so gradient accumulation, the data-parallel buckets
+    // and ZeRO see ordinary gradients; it moves 2 x N x D floats per layer and
+    // micro-batch instead of 2 x D x C per step (plan.cpp counts them).
+    const Tensor none;
+    blas::linear_backward(c.ctx, s.d_k, x, c.weight(k_), dx, none, true);
+    blas::linear_backward(c.ctx, s.d_v, x, c.weight(v_), dx, none, true);
+    c.reduce_kv_replicas(s.d_k);
+    c.reduce_kv_replicas(s.d_v);
+    c.store(s.d_k);
+    c.store(s.d_v);
+    blas::linear_backward(c.ctx, s.d_k, x, c.weight(k_), none, c.grad(k_));
+    blas::linear_backward(c.ctx, s.d_v, x, c.weight(v_), none, c.grad(v_));
+  }
   c.reduce_partial(dx);  // tensor parallelism: this rank's heads' share of the gradient
 }
 

@@ -76,7 +76,9 @@ class Attention {
   /// `prefix`: the parameter names' ("model.layers.0.self_attn."); `dim` = heads x head
   /// dim. `out_std`: o_proj's initial standard deviation (the residual-scaled kInitStd).
   /// `tensor_parallel` T: this rank computes H/T query and KV/T key/value heads, its slice
-  /// (tensor_parallel.hpp); T divides both (the deck checks it).
+  /// (tensor_parallel.hpp); T divides H, and divides KV or is a multiple of it (the deck
+  /// checks it). T > KV: the rank holds the one key/value head its query heads read,
+  /// shared with the T/KV ranks of the same head (ParamSpec::tp_replicas).
   Attention(std::string prefix, std::int64_t dim, std::int64_t heads, std::int64_t kv_heads,
             float out_std, int tensor_parallel = 1);
 
@@ -129,7 +131,8 @@ class Attention {
   std::string prefix_;
   std::int64_t C_, H_, KV_, D_;
   float out_std_;
-  float scale_;  // 1 / sqrt(D)
+  float scale_;      // 1 / sqrt(D)
+  int kv_replicas_;  // ranks of the tensor group holding this rank's key/value heads
   std::size_t q_ = 0, k_ = 0, v_ = 0, o_ = 0;
 };
 

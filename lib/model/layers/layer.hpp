@@ -67,6 +67,10 @@ struct Compute {
   /// column-parallel product's input gradient), becomes the sum over the tensor group, on
   /// every rank. Nothing without a tensor group.
   void reduce_partial(const tensor::Tensor& t) const;
+  /// Tensor parallelism with key/value heads shared by several ranks (T > model.n_kv_heads):
+  /// `t`, this rank's share of a shared head's activation gradient, becomes the sum over
+  /// the ranks sharing it. Nothing without such ranks.
+  void reduce_kv_replicas(const tensor::Tensor& t) const;
 };
 
 /// Called during backward each time the gradients of every parameter at flat-buffer

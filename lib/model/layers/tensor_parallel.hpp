@@ -4,7 +4,10 @@
 /// each rank of a tensor group holds slice `rank` of T of every split parameter
 /// (param_store.hpp, Split) and computes the part of each layer that slice gives:
 ///   attention: heads [rank H/T, (rank+1) H/T) (q, k, v by output rows, o_proj by input
-///              columns; kv heads split alike: the deck needs T | n_kv_heads);
+///              columns; kv heads split alike when T | n_kv_heads KV; when KV | T and
+///              T > KV, as Megatron-LM does, each rank holds the one kv head g = rank /
+///              (T/KV) its query heads read, replicated on the T/KV ranks of that head,
+///              whose shares of its activation gradients the "kv_replica" group sums);
 ///   MLP:       the ffn columns [rank F/T, ..) (gate, up by rows, down by columns);
 ///   embedding: the vocabulary rows [rank V/T, ..) (a token elsewhere contributes zeros);
 ///   head:      the logits of those rows, and a cross-entropy over the split vocabulary
@@ -45,8 +48,11 @@ struct TensorTraffic {
 /// One rank's view of its tensor group: the communicator and the traffic it carried.
 class TensorParallel {
  public:
-  /// `group`: the tensor group (process_groups' "tensor"); outlives this object.
-  explicit TensorParallel(comm::Communicator& group) : group_(group) {}
+  /// `group`: the tensor group (process_groups' "tensor"); `kv_replicas`: the ranks of it
+  /// holding the same key/value heads (process_groups' "kv_replica"), nullptr or a group
+  /// of one when none are shared. Both outlive this object.
+  explicit TensorParallel(comm::Communicator& group, comm::Communicator* kv_replicas = nullptr)
+      : group_(group), kv_replicas_(kv_replicas) {}
   int size() const { return group_.size(); }
   int rank() const { return group_.rank(); }
   TensorSlice slice() const { return {rank(), size()}; }
@@ -55,6 +61,9 @@ class TensorParallel {
   /// t (f32, host memory) = the sum of every rank's t, in place, on every rank. Throws
   /// dst::TimeoutError past the group's deadline.
   void all_reduce(const tensor::Tensor& t);
+  /// The same over the ranks sharing this rank's key/value heads (counted as this group's
+  /// traffic); nothing when they are not shared.
+  void all_reduce_kv_replicas(const tensor::Tensor& t);
   /// Split by rows (dimension 0; sequence parallelism): `local` (f32, host, rows/T rows)
   /// = rows [rank R, (rank+1) R) of the sum of every rank's `whole` (R = whole's rows / T).
   /// Throws dst::Error unless T divides whole's rows and local has R rows of the same
@@ -80,6 +89,7 @@ class TensorParallel {
 
  private:
   comm::Communicator& group_;
+  comm::Communicator* kv_replicas_;
   TensorTraffic traffic_;
 };
 

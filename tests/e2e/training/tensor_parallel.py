@@ -11,6 +11,9 @@ on the tiny model (4 blocks, 4 heads, ffn 688, vocab 260), the same global batch
                                               tensor within 5e-5
   DP=2 x TP=2, ZeRO 2 (mpi)                   vs DP=2 x TP=2, ZeRO 0 (mpi): bit-identical
   TP=2 with training.recompute full           vs TP=2: bit-identical
+  n_kv_heads 2 on TP=4 (heads replicated)     vs 1 rank (n_kv_heads 2): within the bounds;
+                                              its checkpoint resumes on 1 rank and on TP=2
+  n_kv_heads 1 on DP=2 x TP=2, ZeRO 1         vs 1 rank (n_kv_heads 1): within the bounds
   the DP=2 x TP=2 checkpoint at step 5        resumes on PP=2 (2 ranks) and DP=4 (4 ranks):
                                               steps 6-10 within the bounds of DP=2 x TP=2's
   a hung tensor slice (debug.inject_hang_rank) ends the job within the deadline (exit 4)
@@ -170,6 +173,33 @@ def main():
     _, *rt = run("resume-tp4", 4, [f"checkpoint.resume={ck}", "parallel.tensor=4"],
                  lay.format(1, 4, 1))
     within("DP=2 x TP=2 checkpoint resumed on TP=4 vs DP=2 x TP=2", rt, dp2tp2, first_step=6)
+
+    # Fewer key/value heads than T (replicated on T / n_kv_heads ranks each): 2 heads over
+    # TP=4 vs 1 rank; its checkpoint (each head written once) resumes on 1 rank and on TP=2
+    # (one head per rank); 1 head over DP=2 x TP=2 with ZeRO 1 vs 1 rank.
+    kv2 = ["model.n_kv_heads=2"]
+    _, *kv2tp1 = run("kv2-tp1", 1, kv2, lay.format(1, 1, 1))
+    kv_out, *kv2tp4 = run("kv2-tp4", 4, kv2 + ["parallel.tensor=4"], lay.format(1, 4, 1))
+    within("n_kv_heads 2, TP=4 vs 1 rank", kv2tp4, kv2tp1)
+    # The gradient norm counts each replicated key/value slice once.
+    norm_err = max(abs(a[2] - b[2]) / b[2] for a, b in zip(kv2tp4[0], kv2tp1[0]))
+    if norm_err > TOL:
+        problems.append(f"n_kv_heads 2, TP=4: gradient norms differ by {norm_err:.2e} relative")
+    ck = os.path.join(kv_out, "checkpoints/step-5.h5")
+    with h5py.File(ck, "r") as f:
+        shape = f["params"]["model.layers.0.self_attn.k_proj.weight"].shape
+    if shape != (2 * 64, 256):
+        problems.append(f"checkpoint: n_kv_heads 2, TP=4 wrote k_proj as {shape}, not (128, 256)")
+    _, *kr1 = run("kv2-resume-tp1", 1, kv2 + [f"checkpoint.resume={ck}"], lay.format(1, 1, 1))
+    within("n_kv_heads 2, TP=4 checkpoint resumed on 1 rank vs TP=4", kr1, kv2tp4, first_step=6)
+    _, *kr2 = run("kv2-resume-tp2", 2, kv2 + [f"checkpoint.resume={ck}", "parallel.tensor=2"],
+                  lay.format(1, 2, 1))
+    within("n_kv_heads 2, TP=4 checkpoint resumed on TP=2 vs TP=4", kr2, kv2tp4, first_step=6)
+    kv1 = ["model.n_kv_heads=1"]
+    _, *kv1tp1 = run("kv1-tp1", 1, kv1, lay.format(1, 1, 1))
+    _, *kvz1 = run("kv1-dp2tp2-zero1", 4, kv1 + ["parallel.tensor=2", "parallel.backend=mpi",
+                                                 "parallel.zero_stage=1"], lay.format(2, 2, 1))
+    within("n_kv_heads 1, DP=2 x TP=2 ZeRO 1 vs 1 rank", kvz1, kv1tp1)
 
     # A hung slice: rank 1 stops after the first checkpoint; rank 0 waits in the next
     # all-reduce of the tensor group and ends the job at the deadline, naming it.

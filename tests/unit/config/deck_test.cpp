@@ -1187,8 +1187,23 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
   } catch (const DeckError& e) {
     EXPECT_EQ(e.key(), "parallel.tensor");
   }
-  EXPECT_TRUE(Contains(load_error("model: {n_kv_heads: 2}\nparallel: {tensor: 4}\n"),
-                       "parallel.tensor (4) does not divide model.n_kv_heads (2)"));
+  // Fewer key/value heads than T: each is replicated on T / n_kv_heads ranks (the layout
+  // says how many share one), which needs n_kv_heads to divide T.
+  const RunConfig kv2 = load("model: {n_kv_heads: 2}\nparallel: {tensor: 4}\n");
+  EXPECT_EQ(resolve_layout(kv2, 4).kv_replicas, 2);
+  EXPECT_EQ(resolve_layout(load("model: {n_kv_heads: 1}\nparallel: {tensor: 4}\n"), 8).kv_replicas,
+            4);
+  EXPECT_EQ(resolve_layout(two, 2).kv_replicas, 1);
+  try {
+    load("model: {n_heads: 12, n_kv_heads: 6, d_model: 288}\nparallel: {tensor: 4}\n");
+    ADD_FAILURE() << "no error";
+  } catch (const DeckError& e) {
+    EXPECT_EQ(e.key(), "parallel.tensor");
+    EXPECT_TRUE(Contains(e.what(),
+                         "parallel.tensor (4) neither divides nor is a multiple of "
+                         "model.n_kv_heads (6)"))
+        << e.what();
+  }
   EXPECT_TRUE(Contains(load_error("model: {ffn_dim: 690}\nparallel: {tensor: 4}\n"),
                        "does not divide model.ffn_dim (690)"));
   EXPECT_TRUE(Contains(load_error("model: {vocab_size: 258}\nparallel: {tensor: 4}\n"),

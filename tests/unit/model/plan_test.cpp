@@ -153,6 +153,17 @@ TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
   EXPECT_EQ(tp2.tensor_allreduces_per_step, 4.0 * 30 + 2);  // one micro-batch a step
   EXPECT_DOUBLE_EQ(tp2.tensor_bytes_per_step, (4.0 * 30 + 2) * 64.0 * 1024 * 1024);
   EXPECT_EQ(tp2.comm_bytes_per_step, 0.0);
+  // One key/value head over TP=2: both ranks hold its k_proj and v_proj (2 x 128 x 4096 a
+  // block) whole, and each block's backward all-reduces its key and value gradients, 1 x
+  // 4096 x 128 fp32 (2 MiB) each, over the 2 ranks sharing the head (2 (R-1)/R = 1).
+  c.model.n_kv_heads = 1;
+  const auto kv1 = dst::model::make_plan(c, claimed);
+  const std::uint64_t kv = 30ull * 2 * 128 * 4096;
+  const std::uint64_t whole = 6910365696ull - 30ull * 2 * (4096 - 128) * 4096;
+  EXPECT_EQ(kv1.memory.parameters, 2ull * ((whole - norms - kv) / 2 + norms + kv));
+  EXPECT_EQ(kv1.tensor_allreduces_per_step, 4.0 * 30 + 2 + 2.0 * 30);
+  EXPECT_DOUBLE_EQ(kv1.tensor_bytes_per_step,
+                   (4.0 * 30 + 2) * 64.0 * 1024 * 1024 + 2.0 * 30 * 2.0 * 1024 * 1024);
 }
 
 // Pipeline stages: each stage planned with its own layers and records, the heaviest as the

@@ -118,6 +118,67 @@ TEST(Transformer, TensorParallelSlicesAreTheWholeTensorsParts) {
   EXPECT_THROW(dst::model::Transformer(m, {2, 2}).parameter_layout(), dst::Error);
 }
 
+// Fewer key/value heads than tensor ranks (Megatron-LM's replication): 4 query heads, 2
+// key/value heads over T = 4. Rank r holds query head r and key/value head r / 2 (its
+// k_proj, v_proj rows: slice r / 2 of 2, shared by ranks 2 (r / 2) and 2 (r / 2) + 1), each
+// slice initialises to exactly its part of the whole tensor, and the shared slices of the
+// first rank of each pair put back give the whole.
+TEST(Transformer, ReplicatedKeyValueSlicesAreTheWholeTensorsParts) {
+  auto m = three_blocks();
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.vocab_size = 16;
+  using dst::model::ParamStore;
+  ParamStore whole(dst::model::dense_parameter_layout(m), Arena::Mode::allocate);
+  whole.initialize(7);
+  std::vector<std::vector<float>> rebuilt(whole.size());
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    rebuilt[i].assign(static_cast<std::size_t>(whole.spec(i).shape.numel()), -1.0f);
+  int shared = 0;
+  for (int r = 0; r < 4; ++r) {
+    const dst::model::Transformer net(m, {r, 4});
+    ParamStore part(net.parameter_layout(), Arena::Mode::allocate);
+    part.initialize(7);
+    ASSERT_EQ(part.size(), whole.size());
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      const auto& s = part.spec(i);
+      const auto& w = whole.spec(i);
+      ASSERT_EQ(s.name, w.name);
+      EXPECT_EQ(dst::model::logical_shape(s), w.shape) << s.name;
+      const bool kv =
+          s.name.find("k_proj") != std::string::npos || s.name.find("v_proj") != std::string::npos;
+      if (kv) {
+        ++shared;
+        EXPECT_EQ(s.tp_replicas, 2) << s.name;
+        EXPECT_EQ(s.tp_size, 2) << s.name;
+        EXPECT_EQ(s.tp_rank, r / 2) << s.name;
+        EXPECT_EQ(s.shape, (dst::tensor::Shape{2, 8})) << s.name;  // one head of dim 2
+      } else {
+        EXPECT_EQ(s.tp_replicas, 1) << s.name;
+        EXPECT_EQ(s.tp_size, s.split == dst::model::Split::replicated ? 1 : 4) << s.name;
+      }
+      const auto n = static_cast<std::size_t>(s.shape.numel());
+      std::vector<float> expected(n);
+      dst::model::copy_slice_from_whole(s, whole.param(i).ptr<float>(), expected.data());
+      EXPECT_EQ(std::memcmp(expected.data(), part.param(i).ptr<float>(), n * sizeof(float)), 0)
+          << s.name << " slice " << r;
+      if (r % s.tp_replicas == 0)
+        dst::model::copy_slice_to_whole(s, part.param(i).ptr<float>(), rebuilt[i].data());
+    }
+  }
+  EXPECT_EQ(shared, 4 * 2 * 3);  // every rank's k_proj and v_proj in each of 3 blocks
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    EXPECT_EQ(std::memcmp(rebuilt[i].data(), whole.param(i).ptr<float>(),
+                          rebuilt[i].size() * sizeof(float)),
+              0)
+        << whole.spec(i).name;
+  // Key/value heads that neither split nor replicate evenly (6 over 4 ranks) are refused.
+  m.n_heads = 12;
+  m.n_kv_heads = 6;
+  m.d_model = 24;
+  EXPECT_THROW(dst::model::Transformer(m, {0, 4}), dst::Error);
+}
+
 /// Every buffer of a two-stage run over `net`: blocks [0, cut) and [cut, L).
 struct Buffers {
   Tensor tokens, targets;
