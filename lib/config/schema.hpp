@@ -433,8 +433,11 @@ void visit_parallel(V& v, S&... s) {
                "checkpoints every expert whole. Dropless unless model.moe.capacity_factor; "
                "node-limited routing by model.moe.max_nodes_per_token; host memory and the "
                "mpi back end only (the NCCL all-to-all exists, the dispatch on a GPU does not; "
-               "shm does not cover per-rank experts yet; with parallel.zero_stage > 0 or "
-               "pipeline stages every rank stores every expert).")
+               "shm does not cover per-rank experts yet; with pipeline stages, or "
+               "parallel.zero_stage > 0 in shared memory, every rank stores every expert). "
+               "With parallel.zero_stage > 0 over mpi the own experts' state is sharded over "
+               "the ranks holding the same experts (data ranks / expert), the rest over the "
+               "data ranks.")
               .at_least(1)
               .at_most(kIntMax),
           s.expert...);
@@ -461,7 +464,8 @@ void visit_parallel(V& v, S&... s) {
                "parameters all-gathered), the same losses and parameters bit for bit; 2 = "
                "also the gradient memory outside the shard returned to the system as each "
                "bucket is reduced. Host-memory runs (mpi, shm); with one data rank it does "
-               "nothing (a warning).")
+               "nothing (a warning). With parallel.expert > 1 (mpi) each rank's own experts "
+               "are sharded over the ranks holding the same experts.")
               .at_least(0)
               .at_most(2),
           s.zero_stage...);

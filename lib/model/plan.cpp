@@ -181,10 +181,8 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const TensorSlice slice{0, layout.tensor};
   // Expert parallelism: expert slot 0 of the group, which holds 1 / layout.expert of the
   // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). Not with
-  // pipeline stages or ZeRO (the trainer keeps every expert on every rank there).
-  const ExpertSlice experts{
-      0, m.n_routed_experts > 0 && layout.pipeline == 1 && options.zero_stage == 0 ? layout.expert
-                                                                                   : 1};
+  // pipeline stages (the trainer keeps every expert on every rank there).
+  const ExpertSlice experts{0, m.n_routed_experts > 0 && layout.pipeline == 1 ? layout.expert : 1};
   const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                          DType::f32, true, nullptr, nullptr, c.training.recompute, false,
                          StageBlocks::whole(), slice, experts);
@@ -200,8 +198,19 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // tensor parallelism its slice of them, or with expert parallelism its 1 / expert of the
   // routed experts (their parameters, gradients and moments): data-parallel ranks are
   // replicas (of the same experts: the expert-data group). ZeRO divides
-  // what only the optimizer step reads by the data ranks.
+  // what only the optimizer step reads by the data ranks (the own experts' part by the
+  // expert-data ranks, D / expert, which hold its replicas).
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
+  // Expert parallelism: the own experts' part of the buffer (the last, layers/
+  // moe_dispatch.hpp), bytes of fp32.
+  std::uint64_t own_experts = 0;
+  for (const ParamSpec& s : model.params().specs())
+    if (s.ep_size > 1) {
+      own_experts = (model.params().buffer_elements() - s.offset) * sizeof(float);
+      break;
+    }
+  const std::uint64_t expert_data =
+      own_experts > 0 ? D / static_cast<std::uint64_t>(layout.expert) : 1;
   const bool low_precision = c.training.precision != config::Precision::fp32;
   const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
   // The MoE blocks a rank holds: the whole model's (its MTP module's included), or a
@@ -218,7 +227,12 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const auto memory_of = [&](const ModelMemory& mm, std::int64_t moe_records) {
     MemoryPlan mem;
     const std::uint64_t full = mm.parameters;  // one fp32 flat buffer (with alignment)
-    const auto shard = [&](bool sharded) { return sharded ? (full + D - 1) / D : full; };
+    const std::uint64_t experts_part = std::min(own_experts, full);
+    const auto shard = [&](bool sharded) {
+      return sharded ? (full - experts_part + D - 1) / D +
+                           (experts_part + expert_data - 1) / expert_data
+                     : full;
+    };
     // fp32: the master parameters are what the forward reads. bf16/fp16: a 16-bit compute
     // copy for the forward and fp32 master weights for the optimizer.
     mem.parameters = low_precision ? full / 2 : full;
@@ -309,14 +323,8 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       plan.collectives.push_back({std::move(what), bytes, factor * share * bytes});
       plan.comm_bytes_per_step += factor * share * bytes;
     };
-    // Expert parallelism: the own experts' part of the buffer (the last, layers/
-    // moe_dispatch.hpp) is summed over the expert-data group of D / X ranks only.
-    std::uint64_t own_experts = 0;
-    for (const ParamSpec& s : model.params().specs())
-      if (s.ep_size > 1) {
-        own_experts = (model.params().buffer_elements() - s.offset) * sizeof(float);
-        break;
-      }
+    // Expert parallelism: the own experts' part of the buffer is summed over the
+    // expert-data group of D / X ranks only.
     if (options.zero_stage == 0 && own_experts > 0) {
       add("all-reduce of the gradients (fp32) but the own experts'",
           static_cast<double>(full - own_experts), 2.0);
@@ -330,6 +338,22 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       plan.comm_bytes_per_step += sent;
     } else if (options.zero_stage == 0) {
       add("all-reduce of the gradients (fp32)", static_cast<double>(full), 2.0);
+    } else if (own_experts > 0) {
+      // ZeRO with per-rank experts: each part reduce-scattered and all-gathered over its
+      // group (the parameters' all-gather in the compute copy's precision).
+      const double rest = static_cast<double>(full - own_experts);
+      const double bits = low_precision ? 0.5 : 1.0;
+      const std::string precision = low_precision ? " (16-bit)" : " (fp32)";
+      add("reduce-scatter of the gradients (fp32) but the own experts'", rest, 1.0);
+      add("all-gather of the parameters" + precision + " but the own experts'", bits * rest, 1.0);
+      const double R = static_cast<double>(expert_data);
+      const double bytes = static_cast<double>(own_experts);
+      const std::string over = " over " + std::to_string(expert_data) + " expert-data ranks";
+      plan.collectives.push_back({"reduce-scatter of the own experts' gradients (fp32)" + over,
+                                  bytes, (R - 1.0) / R * bytes});
+      plan.collectives.push_back({"all-gather of the own experts' parameters" + precision + over,
+                                  bits * bytes, (R - 1.0) / R * bits * bytes});
+      plan.comm_bytes_per_step += (R - 1.0) / R * (1.0 + bits) * bytes;
     } else {
       add("reduce-scatter of the gradients (fp32)", static_cast<double>(full), 1.0);
       add(low_precision ? "all-gather of the parameters (16-bit)"

@@ -103,11 +103,13 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   const model::TensorSlice slice{groups.tensor_rank, tensor_};
   // Expert parallelism: this rank holds its expert slot's routed experts only (not built
   // with pipeline stages yet: there every rank holds every expert, the unowned ones with
-  // zero gradients, summed over the data group).
-  // (Not with pipeline stages or ZeRO, whose shards do not know the expert region yet:
-  // every rank then stores every expert, as before per-rank storage existed.)
-  expert_storage_ = layout.expert > 1 && config.model.n_routed_experts > 0 && stages_ == 1 &&
-                    config.parallel.zero_stage == 0;
+  // zero gradients, summed over the data group). ZeRO over MPI shards the two parts of
+  // the buffer apart (the replicated tensors over the data group, the own experts over
+  // the expert-data group); ZeRO in shared memory (whose parts are the node's) keeps
+  // every expert on every rank, as before per-rank storage existed.
+  expert_storage_ =
+      layout.expert > 1 && config.model.n_routed_experts > 0 && stages_ == 1 &&
+      (config.parallel.zero_stage == 0 || options.grad_comm == runtime::CommBackend::mpi);
   const model::ExpertSlice experts{expert_storage_ ? groups.expert_rank : 0,
                                    expert_storage_ ? layout.expert : 1};
   model::StageBlocks stage = model::StageBlocks::whole();
@@ -244,15 +246,28 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     gather_slot_ = shared_->slots() - 1;
   }
   loss_scaling_ = config.training.precision == config::Precision::fp16;
+  if (expert_storage_) locate_own_experts();
   if (zero_stage_ > 0) {
-    // shm: the parts the ranks already update; MPI: whole tensors (exact norms).
+    // shm: the parts the ranks already update; MPI: whole tensors (exact norms). Per-rank
+    // experts: the replicated tensors over the data group, the own experts apart (below).
+    const auto& store = model_->params();
+    const std::size_t replicated = expert_storage_ ? expert_offset_ : store.buffer_elements();
     shards_ = std::make_unique<ZeroShards>(
-        shared_ ? ZeroShards::by_parts(model_->params().buffer_elements(), groups.data->size())
-                : ZeroShards::by_tensors(model_->params(), groups.data->size()));
+        shared_ ? ZeroShards::by_parts(store.buffer_elements(), groups.data->size())
+                : ZeroShards::by_tensors(store, groups.data->size(), 0, replicated));
     shard_first_ = shards_->first(groups.data->rank());
     shard_last_ = shards_->last(groups.data->rank());
-    optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params(), shard_first_,
+    optimizer_ = std::make_unique<AdamW>(config.training.optimizer, store, shard_first_,
                                          shard_last_, master_shard_);
+    if (expert_storage_) {
+      // The own experts' replicas are the expert-data group: their shards are its ranks'.
+      expert_shards_ = std::make_unique<ZeroShards>(ZeroShards::by_tensors(
+          store, groups.expert_data->size(), expert_offset_, store.buffer_elements()));
+      expert_shard_first_ = expert_offset_ + expert_shards_->first(groups.expert_data->rank());
+      expert_shard_last_ = expert_offset_ + expert_shards_->last(groups.expert_data->rank());
+      expert_optimizer_ = std::make_unique<AdamW>(
+          config.training.optimizer, store, expert_shard_first_, expert_shard_last_, master_shard_);
+    }
   } else {
     optimizer_ = std::make_unique<AdamW>(config.training.optimizer, model_->params());
   }
@@ -267,10 +282,16 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   auto& ps = model_->params();
   if (shared_)
     buckets_ = std::make_unique<GradBuckets>(*shared_, bucket_bytes, config.parallel.overlap);
-  else if (zero_stage_ > 0)
+  else if (zero_stage_ > 0) {
     buckets_ = std::make_unique<GradBuckets>(*groups.data, ps.grads_data(), *shards_, bucket_bytes,
                                              config.parallel.overlap, zero_stage_ == 2);
-  else if (expert_storage_)
+    // Per-rank experts: reduce-scattered over the expert-data group, started by wait_all()
+    // after the backward (as their all-reduce without ZeRO).
+    if (expert_storage_)
+      expert_buckets_ = std::make_unique<GradBuckets>(
+          *groups.expert_data, ps.grads_data() + expert_offset_, *expert_shards_, bucket_bytes,
+          config.parallel.overlap, zero_stage_ == 2);
+  } else if (expert_storage_)
     make_expert_buckets(bucket_bytes);
   else
     buckets_ = std::make_unique<GradBuckets>(device_comm_ ? *device_comm_ : *groups.data,
@@ -320,13 +341,18 @@ void Trainer::gather_state(float* data) const {
 double Trainer::gather_parameters() {
   const auto t0 = Clock::now();
   float* params = model_->params().params_data();
-  const GradBuckets& b = *buckets_;
   std::vector<comm::Request> requests;
-  requests.reserve(b.bucket_count());
-  for (std::size_t i = 0; i < b.bucket_count(); ++i)
-    requests.push_back(groups_.data->iallgather_blocks(
-        params + b.bucket_begin(i), shards_->counts(b.bucket_begin(i), b.bucket_end(i)),
-        DType::f32));
+  // The buckets of a part of the buffer over its group (per-rank experts: the own
+  // experts' part over the expert-data group, from expert_offset_).
+  const auto gather = [&](const GradBuckets& b, comm::Communicator& group, const ZeroShards& shards,
+                          float* base) {
+    for (std::size_t i = 0; i < b.bucket_count(); ++i)
+      requests.push_back(group.iallgather_blocks(
+          base + b.bucket_begin(i), shards.counts(b.bucket_begin(i), b.bucket_end(i)), DType::f32));
+  };
+  gather(*buckets_, *groups_.data, *shards_, params);
+  if (expert_shards_)
+    gather(*expert_buckets_, *groups_.expert_data, *expert_shards_, params + expert_offset_);
   for (auto& r : requests)
     r.wait();
   return since(t0);
@@ -337,16 +363,30 @@ void Trainer::initialize_parameters() {
   ps.initialize(cfg_.run.seed);
   if (master_shard_) {
     // The master's shard from the fp32 values, then the buffer rounded in place.
-    const AdamWState st = optimizer_->state();
-    tensor::copy(ctx_, st.master, ps.params_data() + st.first, st.elements * sizeof(float));
+    for (const AdamW* o : {optimizer_.get(), expert_optimizer_.get()}) {
+      if (!o) continue;
+      const AdamWState st = o->state();
+      tensor::copy(ctx_, st.master, ps.params_data() + st.first, st.elements * sizeof(float));
+    }
   }
   model_->refresh_compute_params();
 }
 
 void Trainer::gather_master(float* whole) const {
+  gather_shards(whole, optimizer_->state().master,
+                expert_optimizer_ ? expert_optimizer_->state().master : nullptr);
+}
+
+void Trainer::gather_shards(float* whole, const float* mine, const float* mine_experts) const {
   const AdamWState st = optimizer_->state();
-  std::copy(st.master, st.master + st.elements, whole + st.first);
+  std::copy(mine, mine + st.elements, whole + st.first);
   groups_.data->iallgather_blocks(whole, shards_->sizes(), DType::f32).wait();
+  if (!expert_optimizer_) return;
+  const AdamWState ex = expert_optimizer_->state();
+  std::copy(mine_experts, mine_experts + ex.elements, whole + ex.first);
+  groups_.expert_data
+      ->iallgather_blocks(whole + expert_offset_, expert_shards_->sizes(), DType::f32)
+      .wait();
 }
 
 StepStats Trainer::step() {
@@ -396,9 +436,10 @@ StepStats Trainer::step() {
   // ZeRO stage 2 over MPI: zeroed by returning the buffer's pages (resident again only
   // while backward writes them and their bucket is in flight).
   const bool zero_mpi = zero_stage_ > 0 && !shared_;
-  if (zero_mpi && zero_stage_ == 2)
+  if (zero_mpi && zero_stage_ == 2) {
     buckets_->clear();
-  else
+    if (expert_buckets_) expert_buckets_->clear();
+  } else
     ps.zero_grads();
   GradBuckets& buckets = *buckets_;
   buckets.reset();
@@ -492,6 +533,14 @@ StepStats Trainer::step() {
       : zero_mpi     ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_, *groups_.data)
                      : norm_.compute(ctx_, ps);
   std::vector<double> per_tensor = norm_.per_tensor();
+  if (zero_mpi && expert_storage_) {
+    // The own experts' sums are the expert-data group's shards' (the call above summed
+    // the data group's shards of the replicated tensors, the experts' entries +0).
+    norm_.compute_sharded(ctx_, ps, expert_shard_first_, expert_shard_last_, *groups_.expert_data);
+    const std::vector<double>& own = norm_.per_tensor();
+    std::copy(own.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_), own.end(),
+              per_tensor.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_));
+  }
   if (expert_storage_) sum_of_squares = expert_sum_of_squares(per_tensor);
   if (tensor_ > 1) {
     // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
@@ -578,7 +627,7 @@ StepStats Trainer::step() {
       // ZeRO over MPI: each rank scans the sums it holds; the lowest tensor over the ranks.
       auto nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
                          : first_nonfinite_grad(ctx_, ps);
-      if (zero_mpi) {
+      if (zero_mpi && !expert_storage_) {
         std::int64_t tensor = nf.found() ? nf.tensor : std::numeric_limits<std::int64_t>::max();
         groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
         nf.tensor = tensor == std::numeric_limits<std::int64_t>::max() ? -1 : tensor;
@@ -586,10 +635,18 @@ StepStats Trainer::step() {
       std::string name =
           nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?");
       if (expert_storage_) {
-        // Each rank scans its own experts: the lowest tensor of the whole model.
+        // Each rank scans its own experts (ZeRO: its shard of the replicated tensors and
+        // of its experts): the lowest tensor of the whole model.
         constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
         std::int64_t tensor =
             nf.found() ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
+        const NonFinite own =
+            zero_mpi ? first_nonfinite_grad(ctx_, ps, expert_shard_first_, expert_shard_last_)
+                     : NonFinite{};
+        if (own.found())
+          tensor = std::min<std::int64_t>(tensor,
+                                          static_cast<std::int64_t>(full_layout_->index_of(
+                                              ps.spec(static_cast<std::size_t>(own.tensor)).name)));
         groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
         name = tensor == kNone ? std::string("?")
                                : full_layout_->spec(static_cast<std::size_t>(tensor)).name;
@@ -619,6 +676,13 @@ StepStats Trainer::step() {
       optimizer_->step(ctx_, ps, st.lr, scale * factor, shard_first_, shard_last_);
       if (master_shard_)
         model_->refresh_compute_params(optimizer_->state().master, shard_first_, shard_last_);
+      if (expert_optimizer_) {
+        expert_optimizer_->step(ctx_, ps, st.lr, scale * factor, expert_shard_first_,
+                                expert_shard_last_);
+        if (master_shard_)
+          model_->refresh_compute_params(expert_optimizer_->state().master, expert_shard_first_,
+                                         expert_shard_last_);
+      }
       gathered_s = gather_parameters();
     } else {
       optimizer_->step(ctx_, ps, st.lr, scale * factor);
@@ -1063,12 +1127,12 @@ std::vector<ckpt::TensorRef> Trainer::state_tensors(const bool copy_from_device)
     // whole into these buffers (a restore, which keeps its own shard of them).
     const std::size_t n = ps.buffer_elements();
     const AdamWState st = optimizer_->state();
+    const AdamWState ex = expert_optimizer_ ? expert_optimizer_->state() : AdamWState{};
     for (auto* h : {&host_m_, &host_v_}) {
       h->resize(n);
       if (!copy_from_device) continue;
-      const float* own = h == &host_m_ ? st.m : st.v;
-      std::copy(own, own + st.elements, h->data() + st.first);
-      groups_.data->iallgather_blocks(h->data(), shards_->sizes(), DType::f32).wait();
+      const bool first = h == &host_m_;
+      gather_shards(h->data(), first ? st.m : st.v, first ? ex.m : ex.v);
     }
     // A master shard: the parameters too (the model's buffer holds the rounded copy).
     if (master_shard_) {
@@ -1203,21 +1267,24 @@ void Trainer::restore(ckpt::Reader& reader) {
   }
   if (optimizer_->sharded()) {
     // ZeRO: the checkpoint's moments are whole (any stage, any world size wrote them);
-    // this rank keeps its shard of them.
-    const AdamWState st = optimizer_->state();
-    std::copy(host_m_.begin() + static_cast<std::ptrdiff_t>(st.first),
-              host_m_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.m);
-    std::copy(host_v_.begin() + static_cast<std::ptrdiff_t>(st.first),
-              host_v_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements), st.v);
+    // this rank keeps its shard of them (per-rank experts: its two shards).
+    for (const AdamW* o : {optimizer_.get(), expert_optimizer_.get()}) {
+      if (!o) continue;
+      const AdamWState st = o->state();
+      const auto first = static_cast<std::ptrdiff_t>(st.first);
+      const auto last = static_cast<std::ptrdiff_t>(st.first + st.elements);
+      std::copy(host_m_.begin() + first, host_m_.begin() + last, st.m);
+      std::copy(host_v_.begin() + first, host_v_.begin() + last, st.v);
+      // The master's shard.
+      if (master_shard_)
+        std::copy(host_params_.begin() + first, host_params_.begin() + last, st.master);
+    }
     std::vector<float>().swap(host_m_);
     std::vector<float>().swap(host_v_);
     if (master_shard_) {
-      // The master's shard, and the whole into the parameter buffer, which
-      // refresh_compute_params() below rounds in place.
+      // The whole into the parameter buffer, which refresh_compute_params() below rounds
+      // in place.
       const auto& ps = model_->params();
-      std::copy(host_params_.begin() + static_cast<std::ptrdiff_t>(st.first),
-                host_params_.begin() + static_cast<std::ptrdiff_t>(st.first + st.elements),
-                st.master);
       std::copy(host_params_.begin(), host_params_.end(), ps.params_data());
       std::vector<float>().swap(host_params_);
     }
@@ -1233,6 +1300,7 @@ void Trainer::restore(ckpt::Reader& reader) {
   skipped_ = m.skipped_steps;
   samples_seen_ = m.samples_seen;
   optimizer_->set_step_count(m.optimizer_steps);
+  if (expert_optimizer_) expert_optimizer_->set_step_count(m.optimizer_steps);
   batches_->seek({m.epoch, m.consumed});
   // training.precision may not change on resume (resume.hpp), so an fp16 checkpoint's
   // scale is a real one.
@@ -1426,7 +1494,7 @@ void Trainer::check_consistency() {
 
 // --- expert parallelism's storage (parallel.expert > 1; layers/moe_dispatch.hpp) ----------
 
-void Trainer::make_expert_buckets(double bucket_bytes) {
+void Trainer::locate_own_experts() {
   const auto& ps = model_->params();
   expert_first_tensor_ = ps.size();
   for (std::size_t i = ps.size(); i-- > 0 && ps.spec(i).ep_size > 1;)
@@ -1438,6 +1506,10 @@ void Trainer::make_expert_buckets(double bucket_bytes) {
   if (expert_first_tensor_ == ps.size())
     throw Error("trainer: parallel.expert with no routed expert in this rank's store");
   expert_offset_ = ps.spec(expert_first_tensor_).offset;
+}
+
+void Trainer::make_expert_buckets(double bucket_bytes) {
+  const auto& ps = model_->params();
   // Replicated tensors over the data group, in buckets that backward's ready() starts; the
   // own experts over the expert-data group, started by wait_all() after the backward.
   buckets_ = std::make_unique<GradBuckets>(*groups_.data, ps.grads_data(), expert_offset_,

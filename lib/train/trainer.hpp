@@ -224,6 +224,9 @@ class Trainer {
   const Faults& faults() const { return faults_; }
   /// debug.inject_hang_alltoallv_rank: this rank hangs in the next expert all-to-all-v.
   void arm_alltoallv_hang();
+  /// Expert parallelism's storage is in effect: each rank holds its own routed experts
+  /// only (with ZeRO, their state sharded over the expert-data group).
+  bool own_experts_only() const { return expert_storage_; }
 
  private:
   /// This rank's own state tensors (its stage's, its slices), in its store's order:
@@ -285,6 +288,10 @@ class Trainer {
   bool master_shard_ = false;
   /// Gathers the master shards whole into `whole` (buffer_elements(), host memory).
   void gather_master(float* whole) const;
+  /// Gathers every rank's shard of a flat buffer into `whole` (buffer_elements(), host
+  /// memory) from this rank's shard `mine` of optimizer_ and, with per-rank experts,
+  /// `mine_experts` of expert_optimizer_ (each part over its group).
+  void gather_shards(float* whole, const float* mine, const float* mine_experts) const;
   /// ZeRO over MPI: all-gathers the updated parameters (this rank's shard final) bucket by
   /// bucket, the gradient buckets' ranges; returns the seconds it took.
   double gather_parameters();
@@ -356,8 +363,18 @@ class Trainer {
   bool expert_storage_ = false;
   std::size_t expert_first_tensor_ = 0, expert_offset_ = 0;
   std::unique_ptr<GradBuckets> expert_buckets_;
+  /// Sets expert_first_tensor_ and expert_offset_ from the store.
+  void locate_own_experts();
   /// Makes buckets_ and expert_buckets_ over the two regions of the store.
   void make_expert_buckets(double bucket_bytes);
+  /// ZeRO with per-rank experts: the own experts' part [expert_offset_, end) is sharded
+  /// over the expert-data group (offsets relative to expert_offset_), shards_ covering
+  /// [0, expert_offset_) over the data group; this rank's expert shard (absolute offsets)
+  /// has its own moments (and master shard) in expert_optimizer_, which steps with
+  /// optimizer_.
+  std::unique_ptr<ZeroShards> expert_shards_;
+  std::size_t expert_shard_first_ = 0, expert_shard_last_ = 0;
+  std::unique_ptr<AdamW> expert_optimizer_;
   /// Both bucket sets' first non-finite gradient offset (of the flat buffer), or -1.
   std::int64_t first_nonfinite_offset() const;
   /// The squared gradient norm from the store's per-tensor sums: the replicated tensors

@@ -197,6 +197,18 @@ void TrainingRun::log_start() const {
             std::to_string(layout_.grad_accum_steps) + " accumulation x " +
             std::to_string(layout_.data) + " data ranks) = " +
             std::to_string(layout_.global_batch_size * cfg.data.seq_len) + " tokens per step");
+  if (trainer.own_experts_only()) {
+    // Which state each rank holds (the expert-parallel tests read this line).
+    const std::int64_t E = cfg.parallel.expert;
+    log::info("experts: each rank stores its own " +
+              std::to_string(cfg.model.n_routed_experts / E) + " of " +
+              std::to_string(cfg.model.n_routed_experts) + " routed experts per MoE layer" +
+              (cfg.parallel.zero_stage > 0
+                   ? ", their ZeRO shards over the " + std::to_string(layout_.data / E) +
+                         " ranks holding them, the other tensors' over the " +
+                         std::to_string(layout_.data) + " data ranks"
+                   : std::string()));
+  }
   char peak_line[200];
   if (on_gpu_)
     std::snprintf(peak_line, sizeof peak_line,

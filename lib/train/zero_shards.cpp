@@ -17,11 +17,20 @@ void check_ranks(int ranks) {
 }  // namespace
 
 ZeroShards ZeroShards::by_tensors(const model::ParamStore& store, int ranks) {
+  return by_tensors(store, ranks, 0, store.buffer_elements());
+}
+
+ZeroShards ZeroShards::by_tensors(const model::ParamStore& store, int ranks, std::size_t begin,
+                                  std::size_t end) {
   check_ranks(ranks);
-  const std::size_t n = store.buffer_elements();
+  if (begin > end || end > store.buffer_elements())
+    throw Error("train::ZeroShards::by_tensors: [" + std::to_string(begin) + ", " +
+                std::to_string(end) + ") is not a range of the " +
+                std::to_string(store.buffer_elements()) + " elements");
+  const std::size_t n = end - begin;
   std::vector<std::size_t> starts;  // where a shard may begin: every tensor's start, the end
   for (const auto& s : store.specs())
-    starts.push_back(s.offset);
+    if (s.offset >= begin && s.offset < end) starts.push_back(s.offset - begin);
   starts.push_back(n);
   std::sort(starts.begin(), starts.end());
   std::vector<std::size_t> bounds{0};

@@ -21,6 +21,12 @@ class ZeroShards {
   /// shard. Shards differ from 1/N by up to half the largest tensor; a rank whose 1/N
   /// falls inside one large tensor may own nothing (an empty shard is valid everywhere).
   static ZeroShards by_tensors(const model::ParamStore& store, int ranks);
+  /// The same over the elements [begin, end) of the buffer only, whose tensors (those
+  /// starting there) it shards; offsets relative to `begin`. Expert parallelism's two
+  /// parts of the buffer: the replicated tensors over the data group, the rank's own
+  /// experts (the last tensors) over the expert-data group.
+  static ZeroShards by_tensors(const model::ParamStore& store, int ranks, std::size_t begin,
+                               std::size_t end);
   /// The parts of comm::SharedSum::part_of (the shm back end, whose ranks already update
   /// these parts of the shared parameters): whole 64-byte lines, not tensors.
   static ZeroShards by_parts(std::size_t elements, int ranks);

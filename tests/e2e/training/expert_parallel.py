@@ -8,13 +8,19 @@ batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
    metrics.jsonl, and the correction biases that follow them, compared exactly). The E > 1
    runs log their all-to-all (alltoall_ms, alltoall_bytes > 0) and the rows per rank after
    dispatch (expert_rows_max_over_mean >= 1).
-2. ZeRO: E = 2 with parallel.zero_stage 1 and E = 4 with stage 2 against E = 1, alike
-   (every rank then stores every expert: ZeRO does not shard per-rank experts yet); and
+2. ZeRO: E = 2 with parallel.zero_stage 1 and E = 4 with stage 2 against E = 1, alike,
+   each rank storing its own experts only (the log says so), their state sharded over the
+   expert-data group; and each bit for bit equal to its E at stage 0 (losses and final
+   parameters): the shards are of whole tensors, so each tensor's norm is summed on one
+   rank as without ZeRO, and a reduce-scatter's element sums are the all-reduce's (over
+   the 2 ranks of E = 2's expert-data group, a + b either way; E = 4's is one rank).
    E = 2 with training.recompute full (the recomputed forward dispatches again).
-3. The E = 4 run's checkpoint of step 5 resumed at E = 2 (2 ranks) and E = 1 (1 rank),
-   and the E = 1 run's at E = 4: steps 6-10 and the final parameters within 1e-5 of the
-   E = 1 run (each rank holds its own experts; the checkpoint stores every expert as its
-   own logical tensor, gathered from its owner, whatever E).
+3. The E = 4 run's checkpoint of step 5 resumed at E = 2 with ZeRO stage 1 (2 ranks), the
+   E = 4 ZeRO stage 2 and E = 2 stage 1 runs' at E = 1 (1 rank), and the E = 1 run's at
+   E = 4: steps 6-10
+   and the final parameters within 1e-5 of the E = 1 run (each rank holds its own
+   experts; the checkpoint stores every expert as its own logical tensor, gathered from
+   its shards and its owner, whatever E and ZeRO stage).
 
 Why 1e-5 and not bit equality: the experts' gradients are summed over the ranks in
 another order, and their products run over other row sets (rank_invariance.py's
@@ -69,7 +75,7 @@ def main():
         steps = {s["step"]: s for s in steps if s.get("type") == "step"}
         with h5py.File(os.path.join(out, "final-params.h5"), "r") as f:
             params = {k: np.array(f["params"][k]) for k in f["params"]}
-        return {"out": out, "steps": steps, "params": params}
+        return {"out": out, "steps": steps, "params": params, "log": r.stdout + r.stderr}
 
     problems = []
 
@@ -117,16 +123,49 @@ def main():
           f"{e4['steps'][STEPS]['alltoall_bytes'] / 1e6:.2f} MB, rows per rank max/mean "
           f"{e4['steps'][STEPS]['expert_rows_max_over_mean']:.2f}")
 
-    compare("np=4 E=2 zero 1", run("np4-e2-zero1", 4, 2, "--set", "parallel.zero_stage=1"), ref)
-    compare("np=4 E=4 zero 2", run("np4-e4-zero2", 4, 4, "--set", "parallel.zero_stage=2"), ref)
+    def identical(name, got, ref):
+        for step in range(1, STEPS + 1):
+            if got["steps"][step]["loss"] != ref["steps"][step]["loss"]:
+                problems.append(f"{name}: step {step} loss {got['steps'][step]['loss']!r} != "
+                                f"{ref['steps'][step]['loss']!r}")
+                return
+        for k, v in ref["params"].items():
+            if not np.array_equal(got["params"][k], v):
+                problems.append(f"{name}: final {k} differs")
+                return
+        print(f"{name}: losses and final parameters bit for bit equal")
+
+    def own_experts(name, r, ranks):
+        want = f"their ZeRO shards over the {ranks} ranks holding them"
+        if "each rank stores its own" not in r["log"] or want not in r["log"]:
+            problems.append(f"{name}: the log does not say each rank stores its own experts "
+                            f"with ZeRO shards over {ranks} ranks")
+
+    e2z1 = run("np4-e2-zero1", 4, 2, "--set", "parallel.zero_stage=1")
+    e4z2 = run("np4-e4-zero2", 4, 4, "--set", "parallel.zero_stage=2")
+    compare("np=4 E=2 zero 1", e2z1, ref)
+    compare("np=4 E=4 zero 2", e4z2, ref)
+    own_experts("np=4 E=2 zero 1", e2z1, 2)
+    own_experts("np=4 E=4 zero 2", e4z2, 1)
+    identical("np=4 E=2 zero 1 vs zero 0", e2z1, e2)
+    identical("np=4 E=4 zero 2 vs zero 0", e4z2, e4)
     # training.recompute full: the backward's second forward dispatches again.
     compare("np=4 E=2 recompute full",
             run("np4-e2-recompute", 4, 2, "--set", "training.recompute=full"), ref)
 
     source = os.path.join(e4["out"], "checkpoints", f"step-{EVERY}.h5")
     resume = ("--set", f"checkpoint.resume={source}")
-    compare("resumed E=4 step 5 at np=2 E=2", run("resume-np2-e2", 2, 2, *resume), ref, EVERY + 1)
-    compare("resumed E=4 step 5 at np=1 E=1", run("resume-np1-e1", 1, 1, *resume), ref, EVERY + 1)
+    compare("resumed E=4 step 5 at np=2 E=2 zero 1",
+            run("resume-np2-e2", 2, 2, *resume, "--set", "parallel.zero_stage=1"), ref, EVERY + 1)
+    source = os.path.join(e4z2["out"], "checkpoints", f"step-{EVERY}.h5")
+    resume = ("--set", f"checkpoint.resume={source}")
+    compare("resumed E=4 zero 2 step 5 at np=1 E=1", run("resume-np1-e1", 1, 1, *resume), ref,
+            EVERY + 1)
+    # E = 2 zero 1's experts are sharded over 2 ranks (E = 4's over one): its save gathers them.
+    source = os.path.join(e2z1["out"], "checkpoints", f"step-{EVERY}.h5")
+    resume = ("--set", f"checkpoint.resume={source}")
+    compare("resumed E=2 zero 1 step 5 at np=1 E=1", run("resume-np1-e1-z", 1, 1, *resume), ref,
+            EVERY + 1)
     source = os.path.join(ref["out"], "checkpoints", f"step-{EVERY}.h5")
     resume = ("--set", f"checkpoint.resume={source}")
     compare("resumed E=1 step 5 at np=4 E=4", run("resume-np4-e4", 4, 4, *resume), ref, EVERY + 1)
@@ -135,8 +174,9 @@ def main():
         for p in problems:
             print("FAILED: " + p)
         return 1
-    print("expert parallel: E=2 == E=4 == E=1 within 1e-5, own experts per rank, ZeRO 1/2, "
-          "recompute, resume from E=4 at E=2 and E=1 and from E=1 at E=4")
+    print("expert parallel: E=2 == E=4 == E=1 within 1e-5, own experts per rank, ZeRO 1/2 "
+          "sharding them (== ZeRO 0 bit for bit), recompute, resume from E=4 at E=2 zero 1, "
+          "from E=4 zero 2 at E=1 and from E=1 at E=4")
     return 0
 
 

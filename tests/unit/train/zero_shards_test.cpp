@@ -74,6 +74,23 @@ TEST(ZeroShards, ShardsOfWholeTensorsStartAtTheTensorStartNearestKOverN) {
   EXPECT_THROW(ZeroShards::by_tensors(ps, 0), Error);
 }
 
+TEST(ZeroShards, ShardsOfARangeCoverItsTensorsRelativeToItsStart) {
+  // The part of the buffer from tensor b on (expert parallelism's own experts: the last
+  // tensors), [1040, 7200): starts 0, 4096, 4112 relative to 1040.
+  const ParamStore ps = store();
+  const std::size_t begin = 1040, end = ps.buffer_elements();
+  const ZeroShards two = ZeroShards::by_tensors(ps, 2, begin, end);
+  expect_cover(two, end - begin, 2);
+  // Half of 6160 is 3080: 4096 is nearer than 0.
+  EXPECT_EQ(two.first(1), 4096u);
+  // The part before it, [0, 1040): tensors a and n1 only; 520 -> 1024 (504 away, 0 is 520).
+  const ZeroShards front = ZeroShards::by_tensors(ps, 2, 0, begin);
+  expect_cover(front, begin, 2);
+  EXPECT_EQ(front.first(1), 1024u);
+  EXPECT_THROW(ZeroShards::by_tensors(ps, 2, begin, end + 1), Error);
+  EXPECT_THROW(ZeroShards::by_tensors(ps, 2, end, begin), Error);
+}
+
 TEST(ZeroShards, PartsAreTheSharedSumsAndRangesSplitByRank) {
   const std::size_t n = 1000;
   const ZeroShards s = ZeroShards::by_parts(n, 3);
