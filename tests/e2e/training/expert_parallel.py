@@ -3,7 +3,7 @@
 batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
 
 1. E = 2 and E = 4 against E = 1 (data parallel only): step losses within 1e-5 relative,
-   every tensor of final-params.h5 within 1e-5 relative L2, and the expert loads the
+   final-params.h5 within 1e-5 relative L2 (each tensor 1e-4, below), and the expert loads the
    same (each MoE block's max/mean load, busiest fraction and idle experts in
    metrics.jsonl, and the correction biases that follow them, compared exactly). The E > 1
    runs log their all-to-all (alltoall_ms, alltoall_bytes > 0) and the rows per rank after
@@ -25,7 +25,12 @@ batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
 Why 1e-5 and not bit equality: the experts' gradients are summed over the ranks in
 another order, and their products run over other row sets (rank_invariance.py's
 argument); a token sent to the wrong expert, a gate weight dropped or a gradient summed
-twice moves the losses by 1e-3 or more.
+twice moves the losses by 1e-3 or more. The whole parameter vector is held to 1e-5 and
+each tensor alone to 1e-4: an expert's weight gradient sums its rows in an order set by
+the ranks its rows come from and by the matrix-product kernel's blocking, which depends on
+the host (the farthest tensor, an expert's down_proj, was 2.2e-6 from E = 1 on one host,
+with AVX-512, and 3.7e-5 on another, without), and AdamW's normalised step magnifies such a
+difference most in the experts that receive the fewest rows.
 
 usage: expert_parallel.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 """
@@ -40,6 +45,7 @@ import numpy as np
 from training_e2e import rel_l2, setup
 
 TOL = 1e-5
+TENSOR_TOL = 1e-4  # one tensor alone: see "Why 1e-5" above
 STEPS, EVERY = 10, 5
 SEQ, MICRO, GLOBAL = 64, 2, 8
 
@@ -95,17 +101,21 @@ def main():
             problems.append(f"{name}: final tensors {sorted(set(got['params']) ^ set(ref['params']))}"
                             " differ in presence")
             return
-        worst_p, which = 0.0, ""
+        worst_t, which = 0.0, ""
         for k, v in ref["params"].items():
             d = rel_l2(got["params"][k], v)
-            if d > worst_p:
-                worst_p, which = d, k
+            if d > worst_t:
+                worst_t, which = d, k
             if "e_score_correction_bias" in k and not np.array_equal(got["params"][k], v):
                 problems.append(f"{name}: correction bias {k} differs (the loads differed)")
-        print(f"{name}: losses of steps {first}-{STEPS} within {worst:.1e}, "
-              f"{len(ref['params'])} final tensors within {worst_p:.1e} of E=1")
-        if worst > TOL or worst_p > TOL:
-            problems.append(f"{name}: losses {worst:.2e} / parameters {worst_p:.2e} ({which}) > {TOL}")
+        names = sorted(ref["params"])
+        whole = rel_l2(np.concatenate([got["params"][k].ravel() for k in names]),
+                       np.concatenate([ref["params"][k].ravel() for k in names]))
+        print(f"{name}: losses of steps {first}-{STEPS} within {worst:.1e}, the parameters "
+              f"within {whole:.1e}, each of {len(names)} tensors within {worst_t:.1e} ({which})")
+        if worst > TOL or whole > TOL or worst_t > TENSOR_TOL:
+            problems.append(f"{name}: losses {worst:.2e} / parameters {whole:.2e} > {TOL} or "
+                            f"tensor {which} {worst_t:.2e} > {TENSOR_TOL}")
 
     ref = run("np4-e1", 4, 1)
     e2 = run("np4-e2", 4, 2)
