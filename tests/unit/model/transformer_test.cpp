@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,21 +62,22 @@ TEST(Transformer, EachLayerDeclaresItsParametersWithTheirTensorParallelSplit) {
   EXPECT_EQ(tied.size(), 11u);
 }
 
-// Tensor parallelism: each rank's layout holds its slices (column and vocab split by rows,
-// row by columns, norms whole), every slice initialises to exactly its part of the whole
-// tensor (the generator draws logical indices), and the slices put back give the whole.
-TEST(Transformer, TensorParallelSlicesAreTheWholeTensorsParts) {
-  auto m = three_blocks();
-  m.n_kv_heads = 2;  // T = 2 must divide the kv heads
-  m.vocab_size = 14;
+/// Builds the layout of each of `T` tensor ranks of `m`, initialises it, and checks that each
+/// slice holds exactly its part of the whole tensor (the generator draws logical indices)
+/// and that the slices of each tensor's first holders put back give the whole; `check`
+/// sees each (slice spec, whole spec, rank) first.
+void expect_slices_are_the_whole_tensors_parts(
+    const dst::config::ModelSection& m, int T,
+    const std::function<void(const dst::model::ParamSpec&, const dst::model::ParamSpec&, int)>&
+        check) {
   using dst::model::ParamStore;
   ParamStore whole(dst::model::dense_parameter_layout(m), Arena::Mode::allocate);
   whole.initialize(7);
   std::vector<std::vector<float>> rebuilt(whole.size());
   for (std::size_t i = 0; i < whole.size(); ++i)
     rebuilt[i].assign(static_cast<std::size_t>(whole.spec(i).shape.numel()), -1.0f);
-  for (int r = 0; r < 2; ++r) {
-    const dst::model::Transformer net(m, {r, 2});
+  for (int r = 0; r < T; ++r) {
+    const dst::model::Transformer net(m, {r, T});
     ParamStore part(net.parameter_layout(), Arena::Mode::allocate);
     part.initialize(7);
     ASSERT_EQ(part.size(), whole.size());
@@ -84,21 +86,14 @@ TEST(Transformer, TensorParallelSlicesAreTheWholeTensorsParts) {
       const auto& w = whole.spec(i);
       ASSERT_EQ(s.name, w.name);
       EXPECT_EQ(dst::model::logical_shape(s), w.shape) << s.name;
-      if (s.split == dst::model::Split::replicated) {
-        EXPECT_EQ(s.shape, w.shape) << s.name;
-        EXPECT_EQ(s.tp_size, 1) << s.name;
-      } else {
-        EXPECT_EQ(s.tp_size, 2) << s.name;
-        EXPECT_EQ(s.tp_rank, r) << s.name;
-        const int dim = s.split == dst::model::Split::row ? 1 : 0;
-        EXPECT_EQ(s.shape[dim] * 2, w.shape[dim]) << s.name;
-      }
+      check(s, w, r);
       const auto n = static_cast<std::size_t>(s.shape.numel());
       std::vector<float> expected(n);
       dst::model::copy_slice_from_whole(s, whole.param(i).ptr<float>(), expected.data());
       EXPECT_EQ(std::memcmp(expected.data(), part.param(i).ptr<float>(), n * sizeof(float)), 0)
           << s.name << " slice " << r;
-      dst::model::copy_slice_to_whole(s, part.param(i).ptr<float>(), rebuilt[i].data());
+      if (r % s.tp_replicas == 0)
+        dst::model::copy_slice_to_whole(s, part.param(i).ptr<float>(), rebuilt[i].data());
     }
   }
   for (std::size_t i = 0; i < whole.size(); ++i)
@@ -106,6 +101,27 @@ TEST(Transformer, TensorParallelSlicesAreTheWholeTensorsParts) {
                           rebuilt[i].size() * sizeof(float)),
               0)
         << whole.spec(i).name;
+}
+
+// Tensor parallelism: each rank's layout holds its slices (column and vocab split by rows,
+// row by columns, norms whole), each its part of the whole tensor.
+TEST(Transformer, TensorParallelSlicesAreTheWholeTensorsParts) {
+  auto m = three_blocks();
+  m.n_kv_heads = 2;  // T = 2 divides the kv heads: no replication
+  m.vocab_size = 14;
+  expect_slices_are_the_whole_tensors_parts(
+      m, 2, [](const dst::model::ParamSpec& s, const dst::model::ParamSpec& w, int r) {
+        EXPECT_EQ(s.tp_replicas, 1) << s.name;
+        if (s.split == dst::model::Split::replicated) {
+          EXPECT_EQ(s.shape, w.shape) << s.name;
+          EXPECT_EQ(s.tp_size, 1) << s.name;
+        } else {
+          EXPECT_EQ(s.tp_size, 2) << s.name;
+          EXPECT_EQ(s.tp_rank, r) << s.name;
+          const int dim = s.split == dst::model::Split::row ? 1 : 0;
+          EXPECT_EQ(s.shape[dim] * 2, w.shape[dim]) << s.name;
+        }
+      });
   // o_proj (8, 8) split by columns: slice 1's element (row 2, column 1) is the whole's
   // (2, 4 + 1).
   const dst::model::Transformer net(m, {1, 2});
@@ -128,50 +144,23 @@ TEST(Transformer, ReplicatedKeyValueSlicesAreTheWholeTensorsParts) {
   m.n_heads = 4;
   m.n_kv_heads = 2;
   m.vocab_size = 16;
-  using dst::model::ParamStore;
-  ParamStore whole(dst::model::dense_parameter_layout(m), Arena::Mode::allocate);
-  whole.initialize(7);
-  std::vector<std::vector<float>> rebuilt(whole.size());
-  for (std::size_t i = 0; i < whole.size(); ++i)
-    rebuilt[i].assign(static_cast<std::size_t>(whole.spec(i).shape.numel()), -1.0f);
   int shared = 0;
-  for (int r = 0; r < 4; ++r) {
-    const dst::model::Transformer net(m, {r, 4});
-    ParamStore part(net.parameter_layout(), Arena::Mode::allocate);
-    part.initialize(7);
-    ASSERT_EQ(part.size(), whole.size());
-    for (std::size_t i = 0; i < part.size(); ++i) {
-      const auto& s = part.spec(i);
-      const auto& w = whole.spec(i);
-      ASSERT_EQ(s.name, w.name);
-      EXPECT_EQ(dst::model::logical_shape(s), w.shape) << s.name;
-      const bool kv =
-          s.name.find("k_proj") != std::string::npos || s.name.find("v_proj") != std::string::npos;
-      if (kv) {
-        ++shared;
-        EXPECT_EQ(s.tp_replicas, 2) << s.name;
-        EXPECT_EQ(s.tp_size, 2) << s.name;
-        EXPECT_EQ(s.tp_rank, r / 2) << s.name;
-        EXPECT_EQ(s.shape, (dst::tensor::Shape{2, 8})) << s.name;  // one head of dim 2
-      } else {
-        EXPECT_EQ(s.tp_replicas, 1) << s.name;
-        EXPECT_EQ(s.tp_size, s.split == dst::model::Split::replicated ? 1 : 4) << s.name;
-      }
-      const auto n = static_cast<std::size_t>(s.shape.numel());
-      std::vector<float> expected(n);
-      dst::model::copy_slice_from_whole(s, whole.param(i).ptr<float>(), expected.data());
-      EXPECT_EQ(std::memcmp(expected.data(), part.param(i).ptr<float>(), n * sizeof(float)), 0)
-          << s.name << " slice " << r;
-      if (r % s.tp_replicas == 0)
-        dst::model::copy_slice_to_whole(s, part.param(i).ptr<float>(), rebuilt[i].data());
-    }
-  }
+  expect_slices_are_the_whole_tensors_parts(
+      m, 4, [&shared](const dst::model::ParamSpec& s, const dst::model::ParamSpec&, int r) {
+        const bool kv = s.name.find("k_proj") != std::string::npos ||
+                        s.name.find("v_proj") != std::string::npos;
+        if (kv) {
+          ++shared;
+          EXPECT_EQ(s.tp_replicas, 2) << s.name;
+          EXPECT_EQ(s.tp_size, 2) << s.name;
+          EXPECT_EQ(s.tp_rank, r / 2) << s.name;
+          EXPECT_EQ(s.shape, (dst::tensor::Shape{2, 8})) << s.name;  // one head of dim 2
+        } else {
+          EXPECT_EQ(s.tp_replicas, 1) << s.name;
+          EXPECT_EQ(s.tp_size, s.split == dst::model::Split::replicated ? 1 : 4) << s.name;
+        }
+      });
   EXPECT_EQ(shared, 4 * 2 * 3);  // every rank's k_proj and v_proj in each of 3 blocks
-  for (std::size_t i = 0; i < whole.size(); ++i)
-    EXPECT_EQ(std::memcmp(rebuilt[i].data(), whole.param(i).ptr<float>(),
-                          rebuilt[i].size() * sizeof(float)),
-              0)
-        << whole.spec(i).name;
   // Key/value heads that neither split nor replicate evenly (6 over 4 ranks) are refused.
   m.n_heads = 12;
   m.n_kv_heads = 6;
