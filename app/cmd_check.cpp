@@ -20,7 +20,7 @@ int run_check(runtime::Runtime& rt, const Command& cmd) {
   std::vector<config::Override> launch = cmd.check.overrides;
   if (cmd.check.plan_ranks > 0)
     for (const char* o : {"parallel.pipeline=1", "parallel.pipeline_layers=[]", "parallel.tensor=1",
-                          "parallel.data=auto"})
+                          "parallel.sequence_parallel=false", "parallel.data=auto"})
       launch.push_back(config::parse_override(o));
   Session session = start_session(rt, cmd.check.deck, launch, "check");
   const config::RunConfig cfg =

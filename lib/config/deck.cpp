@@ -488,8 +488,24 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
 void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
   const auto s = [](auto v) { return std::to_string(v); };
   const std::int64_t T = c.parallel.tensor;
+  if (c.parallel.sequence_parallel && T == 1)
+    fail_combination(given, fallback, {"parallel.sequence_parallel", "parallel.tensor"},
+                     "parallel.sequence_parallel splits the token rows over the tensor group and "
+                     "does nothing with parallel.tensor 1; set parallel.tensor > 1 or "
+                     "parallel.sequence_parallel: false");
   if (T == 1) return;
   const ModelSection& m = c.model;
+  if (c.parallel.sequence_parallel && (c.training.micro_batch_size * c.data.seq_len) % T != 0)
+    fail_combination(
+        given, fallback,
+        {"parallel.sequence_parallel", "parallel.tensor", "training.micro_batch_size",
+         "data.seq_len"},
+        "parallel.tensor (" + s(T) +
+            ") does not divide training.micro_batch_size x "
+            "data.seq_len (" +
+            s(c.training.micro_batch_size) + " x " + s(c.data.seq_len) +
+            "): under parallel.sequence_parallel each rank of a tensor group keeps the "
+            "same share of a micro-batch's token rows");
   const auto divides = [&](const char* key, std::int64_t value, const char* what) {
     if (value % T != 0)
       fail_combination(given, fallback, {"parallel.tensor", key},

@@ -222,6 +222,11 @@ struct ParallelSection {
   /// `tensor` consecutive ranks (Megatron-LM's layout); divides the heads, kv heads, ffn
   /// dim and vocabulary. Dense decoder on host memory only (the deck refuses the rest).
   std::int64_t tensor = 1;
+  /// Sequence parallelism (Korthikanti et al. 2022; model/layers/block.hpp): with tensor > 1,
+  /// each rank of a tensor group keeps 1 / tensor of the token rows of the residual stream
+  /// and of the blocks' norms, and the tensor group's all-reduces become an all-gather
+  /// before and a reduce-scatter after each attention and MLP.
+  bool sequence_parallel = false;
   /// Pipeline stages (train/pipeline_schedule.hpp, docs/performance.md "pipeline
   /// parallelism"): the blocks split into this many consecutive stages.
   std::int64_t pipeline = 1;

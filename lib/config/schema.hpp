@@ -400,6 +400,15 @@ void visit_parallel(V& v, S&... s) {
               .at_least(1)
               .at_most(kIntMax),
           s.tensor...);
+  v.field("parallel.sequence_parallel",
+          Spec("Sequence parallelism with parallel.tensor > 1 (Korthikanti et al. 2022; "
+               "docs/performance.md, \"sequence parallelism\"): each rank of a tensor group "
+               "keeps 1 / tensor of the token rows of the residual stream and of the blocks' "
+               "norms, and each attention's and MLP's all-reduce becomes an all-gather of its "
+               "input and a reduce-scatter of its output (about 25 % more traffic: the backward "
+               "gathers the norms' rows again). "
+               "parallel.tensor divides training.micro_batch_size x data.seq_len."),
+          s.sequence_parallel...);
   v.field("parallel.pipeline",
           Spec("Pipeline-parallel stages: the blocks split into this many consecutive stages, "
                "each on its own ranks (the world is data x pipeline ranks; docs/performance.md, "

@@ -31,6 +31,14 @@ struct DenseModel::Impl {
   Compute c;
   std::vector<std::int32_t> expert_node;  // node-limited routing's map (c.expert_node)
   std::int64_t B, T, N, C, L;
+  // Sequence parallelism (TensorSlice::sequence): the token rows the blocks' residual
+  // stream keeps on this rank (N / the tensor group's size; N without it), and which.
+  std::int64_t rows = 0;
+  int row_part = 0;
+  // Sequence parallelism: the (N, C) buffers every block shares (Block::take), which the
+  // embedding's whole output and its gathered gradient also use, and the last block's
+  // rows before they are gathered for the head.
+  Tensor gathered, partial, last_rows;
   Arena acts{"activations", Arena::Mode::plan};
   Arena work{"workspace", Arena::Mode::plan};
   // training.recompute: the activations every block's record shares (Block::take_shared).
@@ -83,7 +91,12 @@ struct DenseModel::Impl {
     slot_targets.assign(slots, Tensor{});
     slot_out.assign(slots, Tensor{});
     slot_scale.assign(slots, 0.0f);
-    const BlockActs shared = net.block(stage.first).take_shared(recomputed, B, T, fused, recompute);
+    BlockActs shared = net.block(stage.first).take_shared(recomputed, B, T, fused, recompute);
+    if (rows != N) {
+      gathered = shared.gathered = work.take("sequence-parallel gathered rows", {N, C}, DType::f32);
+      partial = shared.partial = work.take("sequence-parallel partial sums", {N, C}, DType::f32);
+      if (stage.head) last_rows = work.take("sequence-parallel last rows", {rows, C}, DType::f32);
+    }
     for (std::size_t s = 0; s < slots; ++s) {
       // The whole model takes tokens and targets as it always has (slot 0 of both ends).
       if (stage.embedding || stage.head) slot_tokens[s] = acts.take("tokens", {N}, DType::i32);
@@ -91,7 +104,7 @@ struct DenseModel::Impl {
       for (std::int64_t l = stage.first; l < stage.last; ++l)
         slot_layer[s][static_cast<std::size_t>(l)] =
             net.block(l).take(acts, B, T, fused, recompute, shared);
-      if (!stage.head) slot_out[s] = acts.take("stage output", {N, C}, DType::f32);
+      if (!stage.head) slot_out[s] = acts.take("stage output", {rows, C}, DType::f32);
     }
     layer = slot_layer[0];
     tokens = slot_tokens[0];
@@ -139,10 +152,22 @@ struct DenseModel::Impl {
     const std::size_t bytes = static_cast<std::size_t>(N) * sizeof(std::int32_t);
     if (slot_tokens[slot].data) tensor::copy(c.ctx, slot_tokens[slot].data, tok, bytes);
     if (slot_targets[slot].data) tensor::copy(c.ctx, slot_targets[slot].data, tgt, bytes);
-    if (stage.embedding)
-      net.embedding().forward(c, slot_tokens[slot], rec[static_cast<std::size_t>(stage.first)].x);
-    net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last,
-                       stage.head ? head.x : slot_out[slot]);
+    const Tensor& x0 = rec[static_cast<std::size_t>(stage.first)].x;
+    if (stage.embedding && rows != N) {
+      // Every row's embedding (the vocabulary slices' sum), this rank's rows kept.
+      net.embedding().forward(c, slot_tokens[slot], gathered);
+      tensor::copy(c.ctx, x0.data, row_range(gathered, row_part * rows, rows).data, x0.bytes());
+    } else if (stage.embedding) {
+      net.embedding().forward(c, slot_tokens[slot], x0);
+    }
+    if (stage.head && rows != N) {
+      // The head (final norm, vocabulary-parallel logits) reads every row: gathered.
+      net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last, last_rows);
+      c.tensor->all_gather(last_rows, head.x);
+    } else {
+      net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last,
+                         stage.head ? head.x : slot_out[slot]);
+    }
     if (!stage.head) return;
     net.head().forward(c, head.x, head.norm, head.logits);
     if (const MultiTokenPrediction* p = net.mtp()) {
@@ -166,10 +191,18 @@ struct DenseModel::Impl {
     };
     const std::vector<BlockActs>& rec = slot_layer[slot];
     const Tensor& tok = slot_tokens[slot];
+    const Tensor dx_rows = row_range(d_x, 0, rows);  // the blocks' (this rank's rows)
+    // The embedding's backward reads every row's gradient: gathered under sequence
+    // parallelism.
+    const auto embedding_backward = [&] {
+      if (!stage.embedding) return;
+      if (rows != N) c.tensor->all_gather(dx_rows, gathered);
+      net.embedding().backward(c, tok, rows != N ? gathered : d_x);
+    };
     if (!stage.head) {
       // d_x holds d(loss)/d(the stage's output), put there by the caller.
-      net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, d_x, ready);
-      if (stage.embedding) net.embedding().backward(c, tok, d_x);
+      net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
+      embedding_backward();
       ready(0);
       return;
     }
@@ -180,8 +213,13 @@ struct DenseModel::Impl {
       p->backward(c, net.embedding(), rope, B, T, head.norm.out, mtp, block, mtp_scratch, d_x,
                   ready);
     net.head().backward(c, head, block.d_ln, d_x, ready, net.mtp() ? mtp_scratch.d_main : Tensor{});
-    net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, d_x, ready);
-    if (stage.embedding) net.embedding().backward(c, tok, d_x);
+    // Sequence parallelism: the head's gradient of every row (the same on every rank of
+    // the group), this rank's rows moved to the front for the blocks.
+    if (rows != N && row_part > 0)
+      tensor::copy(c.ctx, dx_rows.data, row_range(d_x, row_part * rows, rows).data,
+                   dx_rows.bytes());
+    net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
+    embedding_backward();
     ready(0);
   }
 
@@ -241,6 +279,12 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.B = batch;
   s.T = seq_len;
   s.N = batch * seq_len;
+  if (s.N % tp.row_split() != 0)
+    throw Error("model: sequence parallelism over " + std::to_string(tp.size) +
+                " ranks needs the micro-batch's token rows (" + std::to_string(s.N) +
+                ") to divide among them");
+  s.rows = s.N / tp.row_split();
+  s.row_part = tp.row_split() > 1 ? tp.rank : 0;
   s.C = m.d_model;
   s.L = m.n_layers;
   s.recompute = recompute;
@@ -406,7 +450,7 @@ tensor::Tensor DenseModel::stage_output(std::size_t slot) const {
 }
 
 tensor::Tensor DenseModel::stage_gradient() const {
-  return impl_->d_x;
+  return row_range(impl_->d_x, 0, impl_->rows);
 }
 
 double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,

@@ -121,15 +121,16 @@ class DenseModel {
   // --- a pipeline stage (constructed with a StageBlocks; model/stage.hpp) ----------------
   /// The blocks this model holds, resolved (the whole model: [0, n_layers), both ends).
   const StageBlocks& stage() const;
-  /// (N, C) the input of the stage's first block in record `slot`: a stage without the
-  /// embedding receives its input here before stage_forward().
+  /// (N, C) (this rank's N / T rows under sequence parallelism) the input of the stage's first
+  /// block in record `slot`: a stage without the embedding receives its input here before
+  /// stage_forward().
   tensor::Tensor stage_input(std::size_t slot) const;
-  /// (N, C) the output of the stage's last block in record `slot` after stage_forward()
-  /// (a stage without the head: what it sends on).
+  /// (N, C) (under sequence parallelism this rank's rows) the output of the stage's last block in
+  /// record `slot` after stage_forward() (a stage without the head: what it sends on).
   tensor::Tensor stage_output(std::size_t slot) const;
-  /// (N, C) the gradient of the residual stream: before stage_backward() of a stage
-  /// without the head, d(loss)/d(its output), filled by the caller; after it, on a stage
-  /// without the embedding, d(loss)/d(its input).
+  /// (N, C) (under sequence parallelism this rank's rows) the gradient of the residual stream:
+  /// before stage_backward() of a stage without the head, d(loss)/d(its output), filled by the
+  /// caller; after it, on a stage without the embedding, d(loss)/d(its input).
   tensor::Tensor stage_gradient() const;
   /// The stage's forward of one micro-batch into record `slot`: the embedding of `tokens`
   /// on the first stage (else from stage_input(slot)), the blocks, and on the last stage

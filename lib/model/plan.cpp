@@ -178,7 +178,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     throw Error("plan: the layout has " + std::to_string(layout.tensor) +
                 " tensor-parallel ranks but the deck's parallel.tensor is " +
                 std::to_string(c.parallel.tensor));
-  const TensorSlice slice{0, layout.tensor};
+  const TensorSlice slice{0, layout.tensor, c.parallel.sequence_parallel};
   // Expert parallelism: expert slot 0 of the group, which holds 1 / layout.expert of the
   // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). Not with
   // pipeline stages (the trainer keeps every expert on every rank there).
@@ -309,9 +309,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       plan.stages.push_back(st);
     }
     plan.bubble_fraction = static_cast<double>(layout.pipeline - 1) / static_cast<double>(micro);
+    // Under sequence parallelism each rank of a tensor group sends its share of the rows.
     plan.p2p_bytes_per_micro_batch = static_cast<double>(c.training.micro_batch_size) *
                                      static_cast<double>(T) * static_cast<double>(m.d_model) *
-                                     sizeof(float);
+                                     sizeof(float) / static_cast<double>(slice.row_split());
   }
   const std::uint64_t full = mm.parameters;
 
@@ -433,7 +434,15 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // MLP in forward and before each in backward, one after the embedding and one before the
   // head's norm (training.recompute full: the blocks' forward again). Ring factor
   // 2 (TP-1)/TP. A stage counts its own blocks (the heaviest's planned).
+  // Sequence parallelism (block.hpp) counts in all-reduce equivalents (a reduce-scatter
+  // or an all-gather of the same rows: half of one): per block the forward's two
+  // all-gathers and two reduce-scatters (2), the backward's four all-gathers (the output
+  // gradient and the re-gathered norm, for the attention and the MLP) and two
+  // reduce-scatters (3); the embedding's all-reduce and the gather of its gradient (1.5),
+  // the head's gather and its all-reduce (1.5); and two all-reduces of d_model floats per
+  // block for the norm weights' gradients.
   const std::int64_t TP = layout.tensor;
+  const bool sp = slice.row_split() > 1;
   if (TP > 1) {
     std::int64_t blocks = m.n_layers;
     if (layout.pipeline > 1) {
@@ -441,17 +450,33 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       for (const std::int64_t n : pipeline_stage_layers(c))
         blocks = std::max(blocks, n);
     }
-    const double per_block = c.training.recompute == config::Recompute::full ? 6.0 : 4.0;
-    const double calls = (per_block * static_cast<double>(blocks) + 2.0) *
-                         static_cast<double>(layout.grad_accum_steps);
+    const bool again = c.training.recompute == config::Recompute::full;
+    const double per_block = sp ? (again ? 7.0 : 5.0) : (again ? 6.0 : 4.0);
+    const double ends = sp ? 3.0 : 2.0;
+    const double micro = static_cast<double>(layout.grad_accum_steps);
+    const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;
     const double buffer = static_cast<double>(c.training.micro_batch_size) *
                           static_cast<double>(T) * static_cast<double>(m.d_model) * sizeof(float);
+    const double ring = 2.0 * static_cast<double>(TP - 1) / static_cast<double>(TP);
     plan.tensor_allreduces_per_step = calls;
-    plan.tensor_bytes_per_step =
-        calls * 2.0 * static_cast<double>(TP - 1) / static_cast<double>(TP) * buffer;
-    plan.collectives.push_back({"all-reduce of the activations over the tensor group of " +
-                                    std::to_string(TP) + " (" + format_count(calls) + " per step)",
-                                buffer, plan.tensor_bytes_per_step});
+    plan.tensor_bytes_per_step = calls * ring * buffer;
+    plan.collectives.push_back(
+        {std::string(sp ? "all-gathers and reduce-scatters (as all-reduces)" : "all-reduce") +
+             " of the activations over the tensor group of " + std::to_string(TP) + " (" +
+             format_count(calls) + " per step)",
+         buffer, plan.tensor_bytes_per_step});
+    if (sp) {
+      const double norm_calls = 2.0 * static_cast<double>(blocks) * micro;
+      const double norm_buffer = static_cast<double>(m.d_model) * sizeof(float);
+      const double norm_bytes = norm_calls * ring * norm_buffer;
+      plan.tensor_allreduces_per_step += norm_calls;
+      plan.tensor_bytes_per_step += norm_bytes;
+      plan.collectives.push_back(
+          {"all-reduce of the norm weights' gradients over the tensor "
+           "group (sequence parallelism; " +
+               format_count(norm_calls) + " per step)",
+           norm_buffer, norm_bytes});
+    }
     // Key/value heads replicated on R = TP / n_kv_heads ranks (layers/attention.cpp): per
     // micro-batch and block, the backward sums the key and the value gradients, (micro x
     // seq_len, head_dim) fp32 each, over the R ranks sharing the head. Ring factor

@@ -16,7 +16,7 @@ Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp,
         "DeepSeekMoE or multi-token prediction)");
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
-    blocks_.emplace_back(m, l, tp.size, ep);
+    blocks_.emplace_back(m, l, tp.size, ep, tp.row_split() > 1);
   if (m.mtp_depth > 0) mtp_.emplace(m);
 }
 

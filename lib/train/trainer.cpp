@@ -100,7 +100,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   stages_ = layout.pipeline;
   stage_ = groups.pipeline_rank;
   tensor_ = layout.tensor;
-  const model::TensorSlice slice{groups.tensor_rank, tensor_};
+  const model::TensorSlice slice{groups.tensor_rank, tensor_, config.parallel.sequence_parallel};
   // Expert parallelism: this rank holds its expert slot's routed experts only (not built
   // with pipeline stages yet: there every rank holds every expert, the unowned ones with
   // zero gradients, summed over the data group). ZeRO over MPI shards the two parts of

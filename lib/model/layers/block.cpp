@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
@@ -22,7 +23,7 @@ float residual_std(const config::ModelSection& m) {
 }  // namespace
 
 Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel,
-             const ExpertSlice& ep)
+             const ExpertSlice& ep, bool sequence_parallel)
     : norm1_(layer_prefix(layer) + "input_layernorm.weight", m.d_model,
              static_cast<float>(m.norm_eps)),
       attn_(layer_prefix(layer) + "self_attn.", m.d_model, m.n_heads, m.n_kv_heads, residual_std(m),
@@ -31,7 +32,10 @@ Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_paral
              static_cast<float>(m.norm_eps)),
       mlp_(layer_prefix(layer) + "mlp.", m.d_model, m.ffn_dim, residual_std(m), tensor_parallel),
       model_dense_mlp_(m.n_routed_experts == 0 || m.first_k_dense_replace > 0),
-      C_(m.d_model) {
+      C_(m.d_model),
+      row_split_(sequence_parallel ? tensor_parallel : 1) {
+  if (row_split_ > 1 && (m.mla() || m.moe_layer(layer)))
+    throw Error("model: sequence parallelism is built for dense blocks of standard attention only");
   if (m.mla()) mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m));
   if (m.moe_layer(layer)) moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m), ep);
   if (m.n_routed_experts > 0) model_moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m));
@@ -66,13 +70,13 @@ void Block::bind(const ParamStore& params) {
 void Block::take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                        bool keep_probs, bool shared, BlockActs& a) const {
   const std::int64_t N = B * T;
-  a.norm1 = norm1_.take(arena, N, "ln1", "rstd1");
+  a.norm1 = norm1_.take(arena, rows(B, T), "ln1", "rstd1");
   if (mla_)
     a.mla = mla_->take(arena, B, T, keep_probs);
   else
     a.attn = attn_.take(arena, B, T, fused, keep_probs);
-  a.mid = arena.take("mid", {N, C_}, DType::f32);
-  a.norm2 = norm2_.take(arena, N, "ln2", "rstd2");
+  a.mid = arena.take("mid", {rows(B, T), C_}, DType::f32);
+  a.norm2 = norm2_.take(arena, rows(B, T), "ln2", "rstd2");
   if (shared) {
     if (model_dense_mlp_) a.mlp = mlp_.take(arena, N);
     if (model_moe_) a.moe = model_moe_->take(arena, N, false);
@@ -99,9 +103,14 @@ BlockActs Block::take_shared(tensor::Arena& arena, std::int64_t B, std::int64_t 
 BlockActs Block::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                       config::Recompute recompute, const BlockActs& shared) const {
   const std::int64_t N = B * T;
+  if (row_split_ > 1 && (shared.gathered.numel() != N * C_ || shared.partial.numel() != N * C_))
+    throw Error("model: a sequence-parallel block's record needs the shared (" + std::to_string(N) +
+                ", " + std::to_string(C_) + ") buffers");
   BlockActs a;
   if (recompute == config::Recompute::full) a = shared;
-  a.x = arena.take("x", {N, C_}, DType::f32);
+  a.gathered = shared.gathered;
+  a.partial = shared.partial;
+  a.x = arena.take("x", {rows(B, T), C_}, DType::f32);
   if (recompute == config::Recompute::full) {
     // The routing is host state the trainer reads after the step (the block's expert loads).
     if (moe_ && !arena.planning()) a.moe.routing = moe_->make_routing(N);
@@ -121,6 +130,7 @@ BlockScratch Block::take_scratch(tensor::Arena& arena, std::int64_t B, std::int6
                                  bool fused) const {
   BlockScratch s;
   s.d_ln = arena.take("d_ln", {B * T, C_}, DType::f32);
+  if (row_split_ > 1) s.d_norm = arena.take("d_norm", {C_}, DType::f32);
   if (mla_)
     s.mla = mla_->take_scratch(arena, B, T);
   else
@@ -146,17 +156,33 @@ void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std:
     throw Error(std::string("model: decoding a block of ") +
                 (mla_ ? "latent attention needs a latent KV cache, not a key/value one"
                       : "standard attention needs a key/value cache, not a latent one"));
-  if (mla_)
+  if (row_split_ > 1 && (cache != nullptr || latent_cache != nullptr))
+    throw Error("model: decoding does not split the token rows (sequence parallelism)");
+  if (row_split_ > 1) {
+    // This rank's rows of the norm, gathered; this rank's heads' share of every row,
+    // summed over the group and scattered back to this rank's rows.
+    const Compute part = part_context(c);
+    c.tensor->all_gather(a.norm1.out, a.gathered);
+    attn_.forward(part, rope, B, T, a.gathered, a.attn, a.partial);
+    c.tensor->reduce_scatter(a.partial, a.mid);
+  } else if (mla_) {
     mla_->forward(c, rope, B, T, a.norm1.out, a.mla, a.mid, latent_cache);
-  else
+  } else {
     attn_.forward(c, rope, B, T, a.norm1.out, a.attn, a.mid, cache);
+  }
   kernels::add(c.ctx, a.mid, a.x, a.mid);
   c.store(a.mid);  // the residual stream
   norm2_.forward(c, a.mid, a.norm2);
-  if (moe_)
+  if (row_split_ > 1) {
+    const Compute part = part_context(c);
+    c.tensor->all_gather(a.norm2.out, a.gathered);
+    mlp_.forward(part, a.gathered, a.mlp, a.partial);
+    c.tensor->reduce_scatter(a.partial, out);
+  } else if (moe_) {
     moe_->forward(c, B, T, a.norm2.out, a.moe, out, !recomputing);
-  else
+  } else {
     mlp_.forward(c, a.norm2.out, a.mlp, out);
+  }
   kernels::add(c.ctx, out, a.mid, out);
   c.store(out);  // the residual stream: the next block's input
 }
@@ -167,25 +193,74 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
   // Recompute what the forward did not keep: the same operations on the same inputs and
   // weights, so the same bits as a record that kept them.
   if (a.recompute == config::Recompute::full)
-    run_forward(c, rope, B, T, a, s.d_ln, nullptr, nullptr, true);
+    run_forward(c, rope, B, T, a, row_range(s.d_ln, 0, rows(B, T)), nullptr, nullptr, true);
   else if (a.recompute == config::Recompute::selective && mla_)
     mla_->recompute_probs(c, B, T, a.mla);
   else if (a.recompute == config::Recompute::selective)
     attn_.recompute_probs(c, B, T, a.attn);
   // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
-  if (moe_)
-    moe_->backward(c, B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);
-  else
-    mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
-  norm2_.backward(c, s.d_ln, a.mid, a.norm2, d_x);
+  if (row_split_ > 1) {
+    // Every row's output gradient and input (gathered), this rank's ffn columns' share of
+    // the input gradient, summed over the group and scattered back to this rank's rows.
+    const Compute part = part_context(c);
+    const tensor::Tensor d_ln = row_range(a.gathered, 0, rows(B, T));
+    c.store(d_x);  // as the MLP's backward rounds its output gradient in place
+    c.tensor->all_gather(d_x, a.partial);
+    c.tensor->all_gather(a.norm2.out, a.gathered);
+    mlp_.backward(part, a.partial, a.gathered, a.mlp, s.mlp, s.d_ln);
+    c.tensor->reduce_scatter(s.d_ln, d_ln);
+    norm_backward(c, norm2_, d_ln, a.mid, a.norm2, d_x, s);
+  } else {
+    if (moe_)
+      moe_->backward(c, B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);
+    else
+      mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
+    norm2_.backward(c, s.d_ln, a.mid, a.norm2, d_x);
+  }
   ready(c.offset(norm2_.weight()));  // a chance to poll in-flight buckets mid-block
   // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
-  if (mla_)
-    mla_->backward(c, rope, B, T, d_x, a.norm1.out, a.mla, s.mla, s.d_ln);
-  else
-    attn_.backward(c, rope, B, T, d_x, a.norm1.out, a.attn, s.attn, s.d_ln);
-  norm1_.backward(c, s.d_ln, a.x, a.norm1, d_x);
+  if (row_split_ > 1) {
+    const Compute part = part_context(c);
+    const tensor::Tensor d_ln = row_range(a.gathered, 0, rows(B, T));
+    c.store(d_x);  // as the attention's backward rounds its output gradient in place
+    c.tensor->all_gather(d_x, a.partial);
+    c.tensor->all_gather(a.norm1.out, a.gathered);
+    attn_.backward(part, rope, B, T, a.partial, a.gathered, a.attn, s.attn, s.d_ln);
+    c.tensor->reduce_scatter(s.d_ln, d_ln);
+    norm_backward(c, norm1_, d_ln, a.x, a.norm1, d_x, s);
+  } else {
+    if (mla_)
+      mla_->backward(c, rope, B, T, d_x, a.norm1.out, a.mla, s.mla, s.d_ln);
+    else
+      attn_.backward(c, rope, B, T, d_x, a.norm1.out, a.attn, s.attn, s.d_ln);
+    norm1_.backward(c, s.d_ln, a.x, a.norm1, d_x);
+  }
   ready(c.offset(norm1_.weight()));  // the block's first tensor: the whole block is final
+}
+
+Compute Block::part_context(const Compute& c) const {
+  if (c.tensor == nullptr || c.tensor->size() != row_split_)
+    throw Error("model: a sequence-parallel block split over " + std::to_string(row_split_) +
+                " ranks needs its tensor group (DenseModel::set_tensor_parallel)");
+  Compute part = c;
+  part.keep_partial = true;
+  return part;
+}
+
+void Block::norm_backward(const Compute& c, const RmsNorm& norm, const tensor::Tensor& dout,
+                          const tensor::Tensor& x, const RmsNormActs& a, const tensor::Tensor& dx,
+                          const BlockScratch& s) const {
+  if (row_split_ == 1) {
+    norm.backward(c, dout, x, a, dx);
+    return;
+  }
+  // This rank's rows' share of the weight's gradient, summed over the group: every rank
+  // then holds the same gradient of the replicated weight, as without the split.
+  kernels::zero(c.ctx, s.d_norm);
+  norm.backward(c, dout, x, a, dx, s.d_norm);
+  c.tensor->all_reduce(s.d_norm);
+  const tensor::Tensor g = c.grad(norm.weight());
+  kernels::add(c.ctx, g, s.d_norm, g);
 }
 
 }  // namespace dst::model

@@ -2,6 +2,16 @@
 /// \file block.hpp
 /// One transformer block, pre-norm with residuals:
 ///   mid = x + attention(rmsnorm(x));  out = mid + mlp(rmsnorm(mid))
+///
+/// Sequence parallelism (TensorSlice::sequence, tensor group of T ranks; Korthikanti et
+/// al. 2022): x, mid, out and both norms hold this rank's N / T token rows only. Each
+/// norm's rows are all-gathered into the (N, C) input of the attention or the MLP (this
+/// rank's heads or ffn columns), whose partial sums are reduce-scattered back to this
+/// rank's rows: the same volume as tensor parallelism's all-reduce, 1 / T of the
+/// residual stream's and the norms' activations. Backward mirrors it (the gradient of an
+/// all-gather is a reduce-scatter and vice versa) and re-gathers the norms' rows rather
+/// than keep them whole; each norm weight's gradient, a sum over this rank's rows, is
+/// summed over the tensor group per micro-batch.
 
 #include <cstddef>
 #include <cstdint>
@@ -35,11 +45,16 @@ struct BlockActs {
   /// selective: the attention probabilities (attn.probs or mla.probs) are shared; full:
   /// everything but x and the MoE routing is shared.
   config::Recompute recompute = config::Recompute::none;
+  /// Sequence parallelism: (N, C) buffers every block shares (the workspace's): the
+  /// gathered rows the attention and MLP read, and their partial sums (in backward: the
+  /// gathered gradient of their output). Empty otherwise.
+  tensor::Tensor gathered, partial;
 };
 
 /// Backward scratch shared by all blocks.
 struct BlockScratch {
-  tensor::Tensor d_ln;  // (N, C) gradient of a norm's output
+  tensor::Tensor d_ln;    // (N, C) gradient of a norm's output
+  tensor::Tensor d_norm;  // (C) sequence parallelism: a norm weight's gradient of one micro-batch
   AttentionScratch attn;
   LatentAttentionScratch mla;
   MlpScratch mlp;
@@ -53,8 +68,10 @@ class Block {
   /// only; tensor_parallel.hpp).
   /// `ep`: expert parallelism's storage (an MoE block holds its slice of the routed
   /// experts only; moe_dispatch.hpp).
+  /// `sequence_parallel` (with tensor_parallel T > 1): x, mid, out and the norms are this
+  /// rank's N / T token rows (above).
   Block(const config::ModelSection& m, std::int64_t layer, int tensor_parallel = 1,
-        const ExpertSlice& ep = {});
+        const ExpertSlice& ep = {}, bool sequence_parallel = false);
 
   /// input_layernorm, self_attn.{q,k,v,o}_proj (or latent attention's, LatentAttention::
   /// declare), post_attention_layernorm, mlp.{gate,up,down}_proj (or DeepSeekMoE's,
@@ -73,7 +90,9 @@ class Block {
                         config::Recompute recompute) const;
   /// This block's record of B sequences of T tokens: what `recompute` keeps comes from
   /// `arena`, the rest are the views of `shared` (from take_shared; unused for none). An
-  /// MoE block's host routing is always its own (its expert loads are the block's).
+  /// MoE block's host routing is always its own (its expert loads are the block's). Under
+  /// sequence parallelism the caller puts the shared (N, C) buffers in shared.gathered and
+  /// shared.partial first.
   BlockActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                  config::Recompute recompute = config::Recompute::none,
                  const BlockActs& shared = {}) const;
@@ -109,6 +128,17 @@ class Block {
   /// without MoE routing; otherwise this block's part (an MoE block's routing with it).
   void take_inner(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused, bool keep_probs,
                   bool shared, BlockActs& a) const;
+  /// The rows of x and of the norms a rank keeps: B T, or B T / the tensor group's size
+  /// under sequence parallelism.
+  std::int64_t rows(std::int64_t B, std::int64_t T) const { return B * T / row_split_; }
+  /// Sequence parallelism: the context the attention and MLP run in (they keep their
+  /// partial sums); `c` otherwise.
+  Compute part_context(const Compute& c) const;
+  /// A norm's backward; under sequence parallelism its weight's gradient from this rank's
+  /// rows goes through s.d_norm, summed over the tensor group, into the parameter's.
+  void norm_backward(const Compute& c, const RmsNorm& norm, const tensor::Tensor& dout,
+                     const tensor::Tensor& x, const RmsNormActs& a, const tensor::Tensor& dx,
+                     const BlockScratch& s) const;
   /// forward(); `recomputing`: the backward's refill of a full-recompute record, which
   /// must not count the MoE layer's expert choices a second time.
   void run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
@@ -124,6 +154,7 @@ class Block {
   bool model_dense_mlp_;          // some block of the model has the dense MLP
   std::optional<Moe> model_moe_;  // the model's MoE shape (for the shared scratch)
   std::int64_t C_;
+  int row_split_ = 1;  // sequence parallelism: the tensor group's size
 };
 
 }  // namespace dst::model

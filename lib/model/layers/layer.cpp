@@ -18,7 +18,7 @@ void Compute::store(const tensor::Tensor& t) const {
 }
 
 void Compute::reduce_partial(const tensor::Tensor& t) const {
-  if (tensor != nullptr && tensor->size() > 1) tensor->all_reduce(t);
+  if (tensor != nullptr && tensor->size() > 1 && !keep_partial) tensor->all_reduce(t);
 }
 
 void Compute::reduce_kv_replicas(const tensor::Tensor& t) const {

@@ -51,6 +51,10 @@ struct Compute {
   /// Node-limited routing (model.moe.max_nodes_per_token): the node of each routed expert
   /// (RouterShape::expert_node); nullptr: every expert on one node (no limit).
   const std::vector<std::int32_t>* expert_node = nullptr;
+  /// Sequence parallelism (block.hpp): the attention and the MLP leave their partial sums
+  /// over the tensor group as they are (reduce_partial() does nothing) for the block to
+  /// reduce-scatter by token rows. Set on the block's copy of the context only.
+  bool keep_partial = false;
 
   /// The weights of parameter `i` the forward and backward compute with: the master
   /// parameter (f32), or its rounded compute copy (bf16/f16).
@@ -65,7 +69,7 @@ struct Compute {
   void store(const tensor::Tensor& t) const;
   /// Tensor parallelism: `t`, this rank's partial sum (a row-parallel product's output, a
   /// column-parallel product's input gradient), becomes the sum over the tensor group, on
-  /// every rank. Nothing without a tensor group.
+  /// every rank. Nothing without a tensor group, or with keep_partial.
   void reduce_partial(const tensor::Tensor& t) const;
   /// Tensor parallelism with key/value heads shared by several ranks (T > model.n_kv_heads):
   /// `t`, this rank's share of a shared head's activation gradient, becomes the sum over

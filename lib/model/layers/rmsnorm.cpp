@@ -32,7 +32,13 @@ void RmsNorm::forward(const Compute& c, const tensor::Tensor& x, const RmsNormAc
 
 void RmsNorm::backward(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
                        const RmsNormActs& a, const tensor::Tensor& dx) const {
-  kernels::rmsnorm_backward(c.ctx, dout, x, c.weight(weight_), a.rstd, dx, c.grad(weight_));
+  backward(c, dout, x, a, dx, c.grad(weight_));
+}
+
+void RmsNorm::backward(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
+                       const RmsNormActs& a, const tensor::Tensor& dx,
+                       const tensor::Tensor& d_weight) const {
+  kernels::rmsnorm_backward(c.ctx, dout, x, c.weight(weight_), a.rstd, dx, d_weight);
 }
 
 }  // namespace dst::model

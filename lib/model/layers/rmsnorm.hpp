@@ -38,6 +38,11 @@ class RmsNorm {
   /// Accumulates d(loss)/dx into dx (N, dim) from dout (N, dim), and the weight's gradient.
   void backward(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
                 const RmsNormActs& a, const tensor::Tensor& dx) const;
+  /// The same, accumulating the weight's gradient into `d_weight` (dim) instead of the
+  /// parameter's (sequence parallelism sums it over the tensor group first).
+  void backward(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
+                const RmsNormActs& a, const tensor::Tensor& dx,
+                const tensor::Tensor& d_weight) const;
 
  private:
   std::string name_;

@@ -16,6 +16,9 @@
 /// so are the input gradients of q/k/v, gate/up and the lm head: one all-reduce each
 /// (all_reduce below) makes them whole on every rank, after which the norms, the residual
 /// stream and everything replicated compute alike on every rank of the group.
+/// Sequence parallelism (TensorSlice::sequence; Korthikanti et al. 2022) splits that
+/// replicated part by token rows instead: each block all-gathers its norms' rows before
+/// the attention and the MLP and reduce-scatters their partial sums after (block.hpp).
 ///
 /// The first version computes in host memory over the group's MPI communicator (a model on
 /// a device refuses it); its collectives carry the group's deadline.
@@ -32,6 +35,13 @@ namespace dst::model {
 struct TensorSlice {
   int rank = 0;
   int size = 1;
+  /// Sequence parallelism (parallel.sequence_parallel, block.hpp): between the attention
+  /// and MLP parts, each rank keeps token rows [rank N/size, (rank+1) N/size) of the N rows
+  /// of a micro-batch (the residual stream and the blocks' norms); size 1: nothing.
+  bool sequence = false;
+  /// The share of the token rows a rank keeps between the layers' parts: size under
+  /// sequence parallelism, else 1.
+  int row_split() const { return sequence ? size : 1; }
 };
 
 /// The collectives the layers did since the last reset (metrics).

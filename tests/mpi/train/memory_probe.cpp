@@ -73,22 +73,24 @@ class FormulaStore final : public dst::train::SampleStore {
 };
 
 int probe(int argc, char** argv, int rank, int world) {
-  if (argc < 5 || argc > 8) {
+  if (argc < 5 || argc > 9) {
     if (rank == 0)
       std::fprintf(stderr,
                    "usage: memory_probe PRESET MICRO_BATCH RECOMPUTE mpi|shm [ZERO [EXPERT "
-                   "[TENSOR]]]\n");
+                   "[TENSOR [SEQUENCE_PARALLEL 0|1]]]]\n");
     return 2;
   }
   const std::string preset = argv[1], micro = argv[2], recompute = argv[3], backend = argv[4];
   const std::string zero = argc >= 6 ? argv[5] : "0";
   const std::string expert = argc >= 7 ? argv[6] : "1";
-  const std::string tensor = argc == 8 ? argv[7] : "1";
+  const std::string tensor = argc >= 8 ? argv[7] : "1";
+  const bool sequence = argc == 9 && std::string(argv[8]) == "1";
   const auto cfg = dst::config::load_deck_text(
       "model: {preset: " + preset + "}\ntraining: {micro_batch_size: " + micro +
           ", global_batch_size: " + std::to_string(std::stoi(micro) * world / std::stoi(tensor)) +
           ", max_steps: 2, recompute: " + recompute + "}\nparallel: {backend: " + backend +
           ", zero_stage: " + zero + ", expert: " + expert + ", tensor: " + tensor +
+          ", sequence_parallel: " + (sequence ? "true" : "false") +
           "}\ndebug: {consistency_every: 0}\n",
       "memory_probe");
   const dst::config::Layout layout = dst::config::resolve_layout(cfg, world);
@@ -134,12 +136,14 @@ int probe(int argc, char** argv, int rank, int world) {
     const auto [mlo, mhi] = std::minmax_element(mibs.begin(), mibs.end());
     ok = *lo > 0.9 && *hi < 1.1;
     std::printf(
-        "memory_probe %s micro-batch %s recompute %s zero %d%s%s np%d %s: planned %.1f MiB on rank "
+        "memory_probe %s micro-batch %s recompute %s zero %d%s%s%s np%d %s: planned %.1f MiB on "
+        "rank "
         "0 "
         "(activations %.1f, recomputed %.1f), measured %.1f .. %.1f MiB (ratio %.3f .. %.3f)%s\n",
         preset.c_str(), micro.c_str(), recompute.c_str(), static_cast<int>(cfg.parallel.zero_stage),
         expert == "1" ? "" : (" expert " + expert).c_str(),
-        tensor == "1" ? "" : (" tensor " + tensor).c_str(), world, shm ? "shm" : "mpi", plan_mib,
+        tensor == "1" ? "" : (" tensor " + tensor).c_str(), sequence ? " sequence-parallel" : "",
+        world, shm ? "shm" : "mpi", plan_mib,
         static_cast<double>(plan.memory.activations) / 1048576.0,
         static_cast<double>(plan.memory.recompute) / 1048576.0, *mlo, *mhi, *lo, *hi,
         ok ? "" : " OUTSIDE 10%");

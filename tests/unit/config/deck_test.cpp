@@ -899,7 +899,8 @@ const std::vector<std::string> kEveryKeyChanged = {
     "training.schedule.world_size_scaling=sqrt",
     "training.schedule.reference_world_size=8",
     "parallel.data=2",
-    "parallel.tensor=1",  // the only value until tensor parallelism exists (issue 31)
+    "parallel.tensor=1",                 // this MoE deck refuses tensor parallelism
+    "parallel.sequence_parallel=false",  // true needs parallel.tensor > 1
     "parallel.pipeline=1",
     "parallel.pipeline_layers=[3]",
     "parallel.pipeline_schedule=interleaved",  // refused only with more than one stage
@@ -973,9 +974,11 @@ TEST(DeckYaml, EqualityCoversEveryKey) {
     const std::string left_out = rest[i];
     rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
     SCOPED_TRACE(left_out);
-    // adamw is the only optimizer; 1 the only tensor and pipeline size (issue 31).
+    // adamw is the only optimizer; this MoE deck takes 1 tensor rank (so no sequence
+    // parallelism) and the list 1 pipeline stage.
     if (left_out.rfind("training.optimizer.type", 0) == 0 ||
-        left_out.rfind("parallel.tensor", 0) == 0 || left_out.rfind("parallel.pipeline", 0) == 0)
+        left_out.rfind("parallel.tensor", 0) == 0 || left_out.rfind("parallel.pipeline", 0) == 0 ||
+        left_out.rfind("parallel.sequence_parallel", 0) == 0)
       continue;
     // Keys whose default is invalid beside the others: latent attention's shape without
     // its rank or RoPE/value dims, MoE without its top-k or expert width, topk_group 2
@@ -1227,4 +1230,26 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
   const RunConfig ones = load("parallel: {tensor: 1, pipeline: 1}\n");
   EXPECT_EQ(ones.parallel.tensor, 1);
   EXPECT_EQ(ones.parallel.pipeline, 1);
+}
+
+// Sequence parallelism splits a micro-batch's token rows over the tensor group: without a
+// tensor group it would do nothing and is refused, as is a group that does not divide the
+// rows; the message names the keys.
+TEST(DeckSequence, NeedsATensorGroupThatDividesTheTokenRows) {
+  EXPECT_FALSE(load("parallel: {tensor: 2}\n").parallel.sequence_parallel);
+  const RunConfig sp = load("parallel: {tensor: 2, sequence_parallel: true}\n");
+  EXPECT_TRUE(sp.parallel.sequence_parallel);
+  EXPECT_EQ(load_error("parallel:\n  sequence_parallel: true\n"),
+            "deck.yaml:2:22: parallel.sequence_parallel: parallel.sequence_parallel splits the "
+            "token rows over the tensor group and does nothing with parallel.tensor 1; set "
+            "parallel.tensor > 1 or parallel.sequence_parallel: false");
+  // 4 ranks: 1 x 2 rows of a micro-batch do not split, 1 x 4 do.
+  EXPECT_TRUE(Contains(load_error("model: {n_kv_heads: 4}\ndata: {seq_len: 2}\ntraining: "
+                                  "{micro_batch_size: 1}\nparallel: {tensor: 4, "
+                                  "sequence_parallel: true}\n"),
+                       "parallel.tensor (4) does not divide training.micro_batch_size x "
+                       "data.seq_len (1 x 2)"));
+  EXPECT_TRUE(load("data: {seq_len: 4}\ntraining: {micro_batch_size: 1}\nparallel: {tensor: 4, "
+                   "sequence_parallel: true}\n")
+                  .parallel.sequence_parallel);
 }
