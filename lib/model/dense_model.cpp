@@ -154,9 +154,7 @@ struct DenseModel::Impl {
     if (slot_targets[slot].data) tensor::copy(c.ctx, slot_targets[slot].data, tgt, bytes);
     const Tensor& x0 = rec[static_cast<std::size_t>(stage.first)].x;
     if (stage.embedding && rows != N) {
-      // Every row's embedding (the vocabulary slices' sum), this rank's rows kept.
-      net.embedding().forward(c, slot_tokens[slot], gathered);
-      tensor::copy(c.ctx, x0.data, row_range(gathered, row_part * rows, rows).data, x0.bytes());
+      net.embedding().forward_rows(c, slot_tokens[slot], gathered, x0);  // this rank's rows
     } else if (stage.embedding) {
       net.embedding().forward(c, slot_tokens[slot], x0);
     }

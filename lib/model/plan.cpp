@@ -438,7 +438,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // or an all-gather of the same rows: half of one): per block the forward's two
   // all-gathers and two reduce-scatters (2), the backward's four all-gathers (the output
   // gradient and the re-gathered norm, for the attention and the MLP) and two
-  // reduce-scatters (3); the embedding's all-reduce and the gather of its gradient (1.5),
+  // reduce-scatters (3); the embedding's reduce-scatter and the gather of its gradient (1),
   // the head's gather and its all-reduce (1.5); and two all-reduces of d_model floats per
   // block for the norm weights' gradients.
   const std::int64_t TP = layout.tensor;
@@ -452,7 +452,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     }
     const bool again = c.training.recompute == config::Recompute::full;
     const double per_block = sp ? (again ? 7.0 : 5.0) : (again ? 6.0 : 4.0);
-    const double ends = sp ? 3.0 : 2.0;
+    const double ends = sp ? 2.5 : 2.0;
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;
     const double buffer = static_cast<double>(c.training.micro_batch_size) *

@@ -38,6 +38,23 @@ void Embedding::forward(const Compute& c, const tensor::Tensor& tokens,
   kernels::embedding_forward(c.ctx, tokens, c.weight(table_), out);
 }
 
+void Embedding::forward_rows(const Compute& c, const tensor::Tensor& tokens,
+                             const tensor::Tensor& whole, const tensor::Tensor& rows) const {
+  if (tp_ == 1) throw Error("model: the embedding splits its rows only under tensor parallelism");
+  const tensor::Tensor w = c.weight(table_);
+  const VocabSlice s = slice(c);
+  if (whole.numel() != tokens.numel() * dim_ || rows.numel() * tp_ != whole.numel())
+    throw Error("model: the embedding's rows " + rows.shape.str() + " are not 1/" +
+                std::to_string(tp_) + " of " + whole.shape.str() + " for " +
+                std::to_string(tokens.numel()) + " tokens");
+  // A reduce-scatter: half of an all-reduce of the whole rows (TensorTraffic).
+  c.tensor->counted(whole.bytes() / 2, [&] {
+    vocab_parallel_embedding_scatter(c.tensor->group(), s, tokens.ptr<std::int32_t>(),
+                                     tokens.numel(), w.ptr<float>(), dim_, whole.ptr<float>(),
+                                     rows.ptr<float>());
+  });
+}
+
 VocabSlice Embedding::slice(const Compute& c) const {
   return VocabSlice::of_group(vocab_, c.tensor, tp_, "the embedding");
 }

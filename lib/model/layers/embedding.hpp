@@ -27,6 +27,10 @@ class Embedding {
   /// out (N, dim) = table[tokens] for tokens (N) i32. Keeps nothing for backward but the
   /// tokens themselves.
   void forward(const Compute& c, const tensor::Tensor& tokens, const tensor::Tensor& out) const;
+  /// Sequence parallelism (tensor parallel only): `rows` (N / T, dim) = this rank's rows of
+  /// the embedding, the group's contributions reduce-scattered; `whole` (N, dim) is scratch.
+  void forward_rows(const Compute& c, const tensor::Tensor& tokens, const tensor::Tensor& whole,
+                    const tensor::Tensor& rows) const;
   /// Accumulates dout (N, dim) into the table's gradient rows of `tokens`.
   void backward(const Compute& c, const tensor::Tensor& tokens, const tensor::Tensor& dout) const;
 

@@ -80,16 +80,18 @@ VocabSlice VocabSlice::of_group(const std::int64_t vocab, const TensorParallel* 
   return of(vocab, group->rank(), slices);
 }
 
-void vocab_parallel_embedding_forward(comm::Communicator& group, const VocabSlice& slice,
-                                      const std::int32_t* tokens, const std::int64_t n,
-                                      const float* table, const std::int64_t dim, float* out) {
-  const std::int64_t v = checked_vocab(group, slice, "vocab_parallel_embedding_forward");
+namespace {
+/// out (N, C): this rank's contribution to the embedding rows of `tokens` (its rows, -0.0
+/// elsewhere), after checking every id; what = the caller's name for errors.
+void embedding_contribution(const comm::Communicator& group, const VocabSlice& slice,
+                            const std::int32_t* tokens, const std::int64_t n, const float* table,
+                            const std::int64_t dim, float* out, const char* what) {
+  const std::int64_t v = checked_vocab(group, slice, what);
   for (std::int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= v)
-      throw Error("model::vocab_parallel_embedding_forward: token id " + std::to_string(tokens[i]) +
+      throw Error(std::string("model::") + what + ": token id " + std::to_string(tokens[i]) +
                   " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
                   std::to_string(v) + ")");
-  if (n == 0) return;  // every rank of the group has the same n: none communicates
   const auto c = static_cast<std::size_t>(dim);
   for (std::int64_t i = 0; i < n; ++i) {
     float* dst = out + static_cast<std::size_t>(i) * c;
@@ -103,7 +105,31 @@ void vocab_parallel_embedding_forward(comm::Communicator& group, const VocabSlic
         dst[j] = -0.0f;
     }
   }
-  group.allreduce(out, static_cast<std::size_t>(n) * c, comm::ReduceOp::sum);
+}
+}  // namespace
+
+void vocab_parallel_embedding_forward(comm::Communicator& group, const VocabSlice& slice,
+                                      const std::int32_t* tokens, const std::int64_t n,
+                                      const float* table, const std::int64_t dim, float* out) {
+  embedding_contribution(group, slice, tokens, n, table, dim, out,
+                         "vocab_parallel_embedding_forward");
+  if (n == 0) return;  // every rank of the group has the same n: none communicates
+  group.allreduce(out, static_cast<std::size_t>(n * dim), comm::ReduceOp::sum);
+}
+
+void vocab_parallel_embedding_scatter(comm::Communicator& group, const VocabSlice& slice,
+                                      const std::int32_t* tokens, const std::int64_t n,
+                                      const float* table, const std::int64_t dim, float* whole,
+                                      float* rows) {
+  if (n % group.size() != 0)
+    throw Error("model::vocab_parallel_embedding_scatter: " + std::to_string(n) +
+                " token rows do not divide among the " + std::to_string(group.size()) +
+                " ranks of group \"" + group.name() + "\"");
+  embedding_contribution(group, slice, tokens, n, table, dim, whole,
+                         "vocab_parallel_embedding_scatter");
+  if (n == 0) return;
+  group.reduce_scatter(whole, rows, static_cast<std::size_t>(n / group.size() * dim), DType::f32,
+                       comm::ReduceOp::sum);
 }
 
 void vocab_parallel_embedding_backward(const VocabSlice& slice, const std::int32_t* tokens,

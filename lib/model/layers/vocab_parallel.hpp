@@ -56,6 +56,18 @@ void vocab_parallel_embedding_forward(comm::Communicator& group, const VocabSlic
                                       std::int64_t dim,
                                       float* out);  // (N, C)
 
+/// The same under sequence parallelism: `whole` (N, C) receives this rank's contribution
+/// and `rows` (N / size, C) the group's sum of rows [rank N / size, (rank + 1) N / size)
+/// (one reduce-scatter instead of the all-reduce; the same bits). Throws dst::Error as
+/// above, and when the group's size does not divide N.
+void vocab_parallel_embedding_scatter(comm::Communicator& group, const VocabSlice& slice,
+                                      const std::int32_t* tokens,  // (N)
+                                      std::int64_t n,
+                                      const float* table,  // (slice.count, C)
+                                      std::int64_t dim,
+                                      float* whole,  // (N, C) scratch
+                                      float* rows);  // (N / group.size(), C)
+
 /// d_table (slice.count, C) += the dout rows of the tokens in this rank's slice,
 /// accumulated in token order (as kernels::embedding_backward: the slices of all ranks
 /// side by side are its bits on the full table); no communication. Tokens outside the

@@ -171,6 +171,35 @@ TEST_P(VocabParallel, EmbeddingForwardIsTheFullGatherBitForBit) {
   EXPECT_TRUE(std::signbit(out[5 * kC]));  // token V - 1, column 0: -0.0
 }
 
+// Sequence parallelism: the reduce-scatter gives each rank its rows of the full gather,
+// bit for bit; a group that does not divide the rows is refused before communicating.
+TEST_P(VocabParallel, EmbeddingScatterIsEachRanksRowsOfTheFullGather) {
+  const std::int64_t v = GetParam();
+  Group g;
+  const VocabSlice s = VocabSlice::of(v, world_rank(), world_size());
+  std::vector<float> table = random_vec(static_cast<std::size_t>(v * kC), 11, 1.0f);
+  table[static_cast<std::size_t>((v - 1) * kC)] = -0.0f;
+  std::vector<std::int32_t> tokens = tokens_for(v, false);
+  std::vector<float> ref(static_cast<std::size_t>(kN * kC));
+  dst::kernels::embedding_forward(ctx(), view(tokens, {kN}), view(table, {v, kC}),
+                                  view(ref, {kN, kC}));
+  // The first n tokens: as many as divide among the ranks (10 on 1 and 2, 8 on 4).
+  const std::int64_t n = kN / world_size() * world_size();
+  const std::int64_t rows = n / world_size();
+  std::vector<float> whole(ref.size(), 1.0f), mine(static_cast<std::size_t>(rows * kC), 1.0f);
+  dst::model::vocab_parallel_embedding_scatter(
+      g.comm, s, tokens.data(), n, table.data() + s.first * kC, kC, whole.data(), mine.data());
+  EXPECT_TRUE(same_bits(mine.data(), ref.data() + world_rank() * rows * kC, mine.size()));
+  if (world_size() > 1) {
+    CountingCommunicator counting(g.comm);
+    EXPECT_THROW(dst::model::vocab_parallel_embedding_scatter(counting, s, tokens.data(), n - 1,
+                                                              table.data() + s.first * kC, kC,
+                                                              whole.data(), mine.data()),
+                 dst::Error);
+    EXPECT_EQ(counting.allreduces + counting.others, 0);
+  }
+}
+
 TEST_P(VocabParallel, EmbeddingBackwardSlicesAreTheFullKernelBitForBit) {
   const std::int64_t v = GetParam();
   const VocabSlice s = VocabSlice::of(v, world_rank(), world_size());
