@@ -31,14 +31,12 @@ struct DenseModel::Impl {
   Compute c;
   std::vector<std::int32_t> expert_node;  // node-limited routing's map (c.expert_node)
   std::int64_t B, T, N, C, L;
-  // Sequence parallelism (TensorSlice::sequence): the token rows the blocks' residual
-  // stream keeps on this rank (N / the tensor group's size; N without it), and which.
+  // Sequence parallelism (TensorSlice::sequence): the token rows the residual stream
+  // keeps on this rank (N / the tensor group's size; N without it).
   std::int64_t rows = 0;
-  int row_part = 0;
   // Sequence parallelism: the (N, C) buffers every block shares (Block::take), which the
-  // embedding's whole output and its gathered gradient also use, and the last block's
-  // rows before they are gathered for the head.
-  Tensor gathered, partial, last_rows;
+  // embedding and the head also use for their whole rows.
+  Tensor gathered, partial;
   Arena acts{"activations", Arena::Mode::plan};
   Arena work{"workspace", Arena::Mode::plan};
   // training.recompute: the activations every block's record shares (Block::take_shared).
@@ -95,7 +93,6 @@ struct DenseModel::Impl {
     if (rows != N) {
       gathered = shared.gathered = work.take("sequence-parallel gathered rows", {N, C}, DType::f32);
       partial = shared.partial = work.take("sequence-parallel partial sums", {N, C}, DType::f32);
-      if (stage.head) last_rows = work.take("sequence-parallel last rows", {rows, C}, DType::f32);
     }
     for (std::size_t s = 0; s < slots; ++s) {
       // The whole model takes tokens and targets as it always has (slot 0 of both ends).
@@ -109,7 +106,7 @@ struct DenseModel::Impl {
     layer = slot_layer[0];
     tokens = slot_tokens[0];
     targets = slot_targets[0];
-    if (stage.head) head = net.head().take(acts, N);
+    if (stage.head) head = net.head().take(acts, N, rows);
     if (net.mtp() && stage.head) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
 
     rope = Rope::take(work, T, net.block(stage.first).head_dim());
@@ -158,16 +155,13 @@ struct DenseModel::Impl {
     } else if (stage.embedding) {
       net.embedding().forward(c, slot_tokens[slot], x0);
     }
-    if (stage.head && rows != N) {
-      // The head (final norm, vocabulary-parallel logits) reads every row: gathered.
-      net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last, last_rows);
-      c.tensor->all_gather(last_rows, head.x);
-    } else {
-      net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last,
-                         stage.head ? head.x : slot_out[slot]);
-    }
+    net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last,
+                       stage.head ? head.x : slot_out[slot]);
     if (!stage.head) return;
-    net.head().forward(c, head.x, head.norm, head.logits);
+    if (rows != N)
+      net.head().forward_rows(c, head);  // its norm on this rank's rows, then gathered
+    else
+      net.head().forward(c, head.x, head.norm, head.logits);
     if (const MultiTokenPrediction* p = net.mtp()) {
       mtp_tokens_host.resize(static_cast<std::size_t>(N));
       mtp_targets_host.resize(static_cast<std::size_t>(N));
@@ -210,12 +204,12 @@ struct DenseModel::Impl {
     if (const MultiTokenPrediction* p = net.mtp())
       p->backward(c, net.embedding(), rope, B, T, head.norm.out, mtp, block, mtp_scratch, d_x,
                   ready);
-    net.head().backward(c, head, block.d_ln, d_x, ready, net.mtp() ? mtp_scratch.d_main : Tensor{});
-    // Sequence parallelism: the head's gradient of every row (the same on every rank of
-    // the group), this rank's rows moved to the front for the blocks.
-    if (rows != N && row_part > 0)
-      tensor::copy(c.ctx, dx_rows.data, row_range(d_x, row_part * rows, rows).data,
-                   dx_rows.bytes());
+    if (rows != N)
+      net.head().backward_rows(c, head, block.d_ln, row_range(gathered, 0, rows), block.d_norm,
+                               dx_rows, ready);
+    else
+      net.head().backward(c, head, block.d_ln, d_x, ready,
+                          net.mtp() ? mtp_scratch.d_main : Tensor{});
     net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
     embedding_backward();
     ready(0);
@@ -282,7 +276,6 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
                 " ranks needs the micro-batch's token rows (" + std::to_string(s.N) +
                 ") to divide among them");
   s.rows = s.N / tp.row_split();
-  s.row_part = tp.row_split() > 1 ? tp.rank : 0;
   s.C = m.d_model;
   s.L = m.n_layers;
   s.recompute = recompute;

@@ -439,8 +439,9 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // all-gathers and two reduce-scatters (2), the backward's four all-gathers (the output
   // gradient and the re-gathered norm, for the attention and the MLP) and two
   // reduce-scatters (3); the embedding's reduce-scatter and the gather of its gradient (1),
-  // the head's gather and its all-reduce (1.5); and two all-reduces of d_model floats per
-  // block for the norm weights' gradients.
+  // the head's gather of its norm's rows and the reduce-scatter of their gradient (1); and
+  // an all-reduce of d_model floats per norm (two per block and the final one) for the norm
+  // weights' gradients.
   const std::int64_t TP = layout.tensor;
   const bool sp = slice.row_split() > 1;
   if (TP > 1) {
@@ -452,7 +453,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     }
     const bool again = c.training.recompute == config::Recompute::full;
     const double per_block = sp ? (again ? 7.0 : 5.0) : (again ? 6.0 : 4.0);
-    const double ends = sp ? 2.5 : 2.0;
+    const double ends = 2.0;
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;
     const double buffer = static_cast<double>(c.training.micro_batch_size) *
@@ -466,7 +467,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
              format_count(calls) + " per step)",
          buffer, plan.tensor_bytes_per_step});
     if (sp) {
-      const double norm_calls = 2.0 * static_cast<double>(blocks) * micro;
+      const double norm_calls = (2.0 * static_cast<double>(blocks) + 1.0) * micro;
       const double norm_buffer = static_cast<double>(m.d_model) * sizeof(float);
       const double norm_bytes = norm_calls * ring * norm_buffer;
       plan.tensor_allreduces_per_step += norm_calls;

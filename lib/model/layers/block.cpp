@@ -250,17 +250,10 @@ Compute Block::part_context(const Compute& c) const {
 void Block::norm_backward(const Compute& c, const RmsNorm& norm, const tensor::Tensor& dout,
                           const tensor::Tensor& x, const RmsNormActs& a, const tensor::Tensor& dx,
                           const BlockScratch& s) const {
-  if (row_split_ == 1) {
+  if (row_split_ == 1)
     norm.backward(c, dout, x, a, dx);
-    return;
-  }
-  // This rank's rows' share of the weight's gradient, summed over the group: every rank
-  // then holds the same gradient of the replicated weight, as without the split.
-  kernels::zero(c.ctx, s.d_norm);
-  norm.backward(c, dout, x, a, dx, s.d_norm);
-  c.tensor->all_reduce(s.d_norm);
-  const tensor::Tensor g = c.grad(norm.weight());
-  kernels::add(c.ctx, g, s.d_norm, g);
+  else
+    norm.backward_rows(c, dout, x, a, dx, s.d_norm);
 }
 
 }  // namespace dst::model

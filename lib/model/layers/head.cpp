@@ -51,6 +51,27 @@ HeadActs Head::take(tensor::Arena& arena, std::int64_t rows) const {
   return a;
 }
 
+HeadActs Head::take(tensor::Arena& arena, std::int64_t rows, std::int64_t own) const {
+  if (own == rows) return take(arena, rows);
+  HeadActs a;
+  a.x = arena.take("final_x", {own, dim_}, DType::f32);
+  a.rows = arena.take("lnf rows", {own, dim_}, DType::f32);
+  a.norm.out = arena.take("lnf", {rows, dim_}, DType::f32);
+  a.norm.rstd = arena.take("rstdf", {own}, DType::f32);
+  a.logits = arena.take("logits", {rows, vocab_ / tp_}, DType::f32);
+  a.losses = arena.take("losses", {rows}, DType::f32);
+  return a;
+}
+
+void Head::forward_rows(const Compute& c, const HeadActs& a) const {
+  if (tp_ == 1 || c.tensor == nullptr)
+    throw Error("model: the head splits its rows only under tensor parallelism");
+  norm_.forward(c, a.x, RmsNormActs{a.rows, a.norm.rstd});
+  c.tensor->all_gather(a.rows, a.norm.out);
+  blas::linear_forward(c.ctx, a.norm.out, c.weight(head_), a.logits);
+  c.store(a.logits);
+}
+
 void Head::forward(const Compute& c, const tensor::Tensor& x, const RmsNormActs& norm,
                    const tensor::Tensor& logits) const {
   norm_.forward(c, x, norm);
@@ -112,6 +133,23 @@ void Head::backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d
   if (!d_out.empty()) kernels::add(c.ctx, d_ln, d_out, d_ln);
   kernels::zero(c.ctx, d_x);
   norm_.backward(c, d_ln, a.x, a.norm, d_x);
+  head_ready(c, ready);
+}
+
+void Head::backward_rows(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
+                         const tensor::Tensor& d_rows, const tensor::Tensor& d_norm,
+                         const tensor::Tensor& d_x, const OnReady& ready) const {
+  if (tp_ == 1 || c.tensor == nullptr)
+    throw Error("model: the head splits its rows only under tensor parallelism");
+  c.store(a.logits);
+  blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
+  c.tensor->reduce_scatter(d_ln, d_rows);  // this rank's rows of the vocabulary slices' sum
+  kernels::zero(c.ctx, d_x);
+  norm_.backward_rows(c, d_rows, a.x, RmsNormActs{a.rows, a.norm.rstd}, d_x, d_norm);
+  head_ready(c, ready);
+}
+
+void Head::head_ready(const Compute& c, const OnReady& ready) const {
   // Tied: the head's gradient is the embedding's, final only at the very end. Shared: the
   // projection's gradient is the model head's, final after that head's backward.
   if (shared_)

@@ -21,8 +21,9 @@ inline constexpr std::int32_t kIgnoreIndex = -100;
 
 /// What the head keeps from forward for backward.
 struct HeadActs {
-  tensor::Tensor x;       // (N, C) its input: the last block's output
-  RmsNormActs norm;       // (N, C), (N)
+  tensor::Tensor x;       // (N, C) its input: the last block's output (forward_rows: N/T rows)
+  RmsNormActs norm;       // (N, C), (N) (forward_rows: the rows gathered, N/T statistics)
+  tensor::Tensor rows;    // (N/T, C) forward_rows: this rank's normalised rows
   tensor::Tensor logits;  // (N, V); d(loss)/d(logits) after loss_and_gradient()
   tensor::Tensor losses;  // (N) per-token losses, fp32
 };
@@ -45,10 +46,15 @@ class Head {
   void bind(const ParamStore& params);
 
   HeadActs take(tensor::Arena& arena, std::int64_t rows) const;
+  /// Sequence parallelism: the record of forward_rows(), `own` of the N rows this rank's.
+  HeadActs take(tensor::Arena& arena, std::int64_t rows, std::int64_t own) const;
 
   /// logits (N, V) = lm_head(rmsnorm(x)) for x (N, C); keeps norm.
   void forward(const Compute& c, const tensor::Tensor& x, const RmsNormActs& norm,
                const tensor::Tensor& logits) const;
+  /// Sequence parallelism (tensor parallel only): the final norm of this rank's rows a.x
+  /// into a.rows, all-gathered into a.norm.out, then the logits as forward().
+  void forward_rows(const Compute& c, const HeadActs& a) const;
   /// a.losses: the per-token cross-entropy of a.logits against targets (N) i32 (0 where
   /// a target is kIgnoreIndex).
   void loss(const Compute& c, const HeadActs& a, const tensor::Tensor& targets) const;
@@ -64,6 +70,12 @@ class Head {
   void backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
                 const tensor::Tensor& d_x, const OnReady& ready,
                 const tensor::Tensor& d_out = {}) const;
+  /// backward() of forward_rows(): d_x (N/T, C) = d(loss)/d(a.x) of this rank's rows. The
+  /// partial input gradient of the projection, d_ln (N, C), is reduce-scattered into d_rows
+  /// (N/T, C); the norm weight's gradient is summed over the group through d_norm (C).
+  void backward_rows(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
+                     const tensor::Tensor& d_rows, const tensor::Tensor& d_norm,
+                     const tensor::Tensor& d_x, const OnReady& ready) const;
 
  private:
   RmsNorm norm_;
@@ -73,6 +85,8 @@ class Head {
   int tp_ = 1;
   /// This rank's vocabulary rows under tensor parallelism (throws without the group).
   VocabSlice slice(const Compute& c) const;
+  /// Calls ready() when the head's own gradients are final (backward()).
+  void head_ready(const Compute& c, const OnReady& ready) const;
   std::size_t head_ = 0;
 };
 

@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
@@ -39,6 +41,17 @@ void RmsNorm::backward(const Compute& c, const tensor::Tensor& dout, const tenso
                        const RmsNormActs& a, const tensor::Tensor& dx,
                        const tensor::Tensor& d_weight) const {
   kernels::rmsnorm_backward(c.ctx, dout, x, c.weight(weight_), a.rstd, dx, d_weight);
+}
+
+void RmsNorm::backward_rows(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
+                            const RmsNormActs& a, const tensor::Tensor& dx,
+                            const tensor::Tensor& scratch) const {
+  if (c.tensor == nullptr) throw Error("model: " + name_ + ": split rows need the tensor group");
+  kernels::zero(c.ctx, scratch);
+  backward(c, dout, x, a, dx, scratch);
+  c.tensor->all_reduce(scratch);  // every rank's rows
+  const tensor::Tensor g = c.grad(weight_);
+  kernels::add(c.ctx, g, scratch, g);
 }
 
 }  // namespace dst::model

@@ -43,6 +43,12 @@ class RmsNorm {
   void backward(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
                 const RmsNormActs& a, const tensor::Tensor& dx,
                 const tensor::Tensor& d_weight) const;
+  /// Sequence parallelism: backward() over this rank's token rows, the weight's gradient
+  /// from them (through `scratch`, dim) summed over the tensor group (c.tensor) before it
+  /// is added to the parameter's, so every rank of the group holds the same gradient.
+  void backward_rows(const Compute& c, const tensor::Tensor& dout, const tensor::Tensor& x,
+                     const RmsNormActs& a, const tensor::Tensor& dx,
+                     const tensor::Tensor& scratch) const;
 
  private:
   std::string name_;

@@ -107,12 +107,13 @@ def main():
     # The traffic, in all-reduce equivalents of the residual stream (MICRO x SEQ x WIDTH
     # fp32; a reduce-scatter or an all-gather counts half): per block 2 in forward (two
     # gathers, two scatters) and 3 in backward (four gathers: the output gradient and the
-    # re-gathered norm twice; two scatters); 2.5 at the ends (the embedding's reduce-scatter
-    # and its gradient's gather, the head's gather and its all-reduce); two norm-weight
-    # gradients of WIDTH fp32 per block; the cross-entropy's 20 bytes a token.
+    # re-gathered norm twice; two scatters); 2 at the ends (the embedding's reduce-scatter
+    # and its gradient's gather, the head's gather of its norm's rows and the reduce-scatter
+    # of their gradient); a norm weight's gradient of WIDTH fp32 per norm (two per block and
+    # the final one); the cross-entropy's 20 bytes a token.
     whole = MICRO * SEQ * WIDTH * 4
-    want = (GLOBAL // MICRO) * ((5 * BLOCKS + 2) * whole + whole // 2 +
-                                2 * BLOCKS * WIDTH * 4 + MICRO * SEQ * 20)
+    want = (GLOBAL // MICRO) * ((5 * BLOCKS + 2) * whole + (2 * BLOCKS + 1) * WIDTH * 4 +
+                                MICRO * SEQ * 20)
     rec = [x for x in sp2[2] if x.get("type") == "step"][-1]
     if rec.get("tensor_allreduce_bytes") != want:
         problems.append(f"TP=2 + SP: metrics.jsonl says tensor_allreduce_bytes "
