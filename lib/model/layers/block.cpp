@@ -200,16 +200,10 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
     attn_.recompute_probs(c, B, T, a.attn);
   // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
   if (row_split_ > 1) {
-    // Every row's output gradient and input (gathered), this rank's ffn columns' share of
-    // the input gradient, summed over the group and scattered back to this rank's rows.
-    const Compute part = part_context(c);
-    const tensor::Tensor d_ln = row_range(a.gathered, 0, rows(B, T));
-    c.store(d_x);  // as the MLP's backward rounds its output gradient in place
-    c.tensor->all_gather(d_x, a.partial);
-    c.tensor->all_gather(a.norm2.out, a.gathered);
-    mlp_.backward(part, a.partial, a.gathered, a.mlp, s.mlp, s.d_ln);
-    c.tensor->reduce_scatter(s.d_ln, d_ln);
-    norm_backward(c, norm2_, d_ln, a.mid, a.norm2, d_x, s);
+    split_backward(c, rows(B, T), a, norm2_, a.mid, a.norm2, s, d_x,
+                   [&](const Compute& part, const tensor::Tensor& dout, const tensor::Tensor& in) {
+                     mlp_.backward(part, dout, in, a.mlp, s.mlp, s.d_ln);
+                   });
   } else {
     if (moe_)
       moe_->backward(c, B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);
@@ -220,14 +214,10 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
   ready(c.offset(norm2_.weight()));  // a chance to poll in-flight buckets mid-block
   // Attention branch: mid = x + o_proj(attn); d_x now holds d(loss)/d(mid).
   if (row_split_ > 1) {
-    const Compute part = part_context(c);
-    const tensor::Tensor d_ln = row_range(a.gathered, 0, rows(B, T));
-    c.store(d_x);  // as the attention's backward rounds its output gradient in place
-    c.tensor->all_gather(d_x, a.partial);
-    c.tensor->all_gather(a.norm1.out, a.gathered);
-    attn_.backward(part, rope, B, T, a.partial, a.gathered, a.attn, s.attn, s.d_ln);
-    c.tensor->reduce_scatter(s.d_ln, d_ln);
-    norm_backward(c, norm1_, d_ln, a.x, a.norm1, d_x, s);
+    split_backward(c, rows(B, T), a, norm1_, a.x, a.norm1, s, d_x,
+                   [&](const Compute& part, const tensor::Tensor& dout, const tensor::Tensor& in) {
+                     attn_.backward(part, rope, B, T, dout, in, a.attn, s.attn, s.d_ln);
+                   });
   } else {
     if (mla_)
       mla_->backward(c, rope, B, T, d_x, a.norm1.out, a.mla, s.mla, s.d_ln);
@@ -247,13 +237,20 @@ Compute Block::part_context(const Compute& c) const {
   return part;
 }
 
-void Block::norm_backward(const Compute& c, const RmsNorm& norm, const tensor::Tensor& dout,
-                          const tensor::Tensor& x, const RmsNormActs& a, const tensor::Tensor& dx,
-                          const BlockScratch& s) const {
-  if (row_split_ == 1)
-    norm.backward(c, dout, x, a, dx);
-  else
-    norm.backward_rows(c, dout, x, a, dx, s.d_norm);
+void Block::split_backward(const Compute& c, std::int64_t rows, const BlockActs& a,
+                           const RmsNorm& norm, const tensor::Tensor& norm_in,
+                           const RmsNormActs& norm_acts, const BlockScratch& s,
+                           const tensor::Tensor& d_x, const PartBackward& part_backward) const {
+  // Every row's output gradient and input (gathered), this rank's heads' or ffn columns'
+  // share of the input gradient, summed over the group and scattered back to its rows.
+  const Compute part = part_context(c);
+  const tensor::Tensor d_ln = row_range(a.gathered, 0, rows);
+  c.store(d_x);  // as the part's backward rounds its output gradient in place
+  c.tensor->all_gather(d_x, a.partial);
+  c.tensor->all_gather(norm_acts.out, a.gathered);
+  part_backward(part, a.partial, a.gathered);
+  c.tensor->reduce_scatter(s.d_ln, d_ln);
+  norm.backward_rows(c, d_ln, norm_in, norm_acts, d_x, s.d_norm);
 }
 
 }  // namespace dst::model

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -134,11 +135,16 @@ class Block {
   /// Sequence parallelism: the context the attention and MLP run in (they keep their
   /// partial sums); `c` otherwise.
   Compute part_context(const Compute& c) const;
-  /// A norm's backward; under sequence parallelism its weight's gradient from this rank's
-  /// rows goes through s.d_norm, summed over the tensor group, into the parameter's.
-  void norm_backward(const Compute& c, const RmsNorm& norm, const tensor::Tensor& dout,
-                     const tensor::Tensor& x, const RmsNormActs& a, const tensor::Tensor& dx,
-                     const BlockScratch& s) const;
+  /// The backward of the attention or the MLP (a part) from its partial output gradient
+  /// and input, both (N, C): writes its partial input gradient into BlockScratch::d_ln.
+  using PartBackward = std::function<void(const Compute& part, const tensor::Tensor& dout,
+                                          const tensor::Tensor& in)>;
+  /// Sequence parallelism: a part's backward and its norm's, d_x (this rank's `rows`) holding
+  /// d(loss)/d(the part's output) on entry, d(loss)/d(norm_in) added on return (above).
+  void split_backward(const Compute& c, std::int64_t rows, const BlockActs& a, const RmsNorm& norm,
+                      const tensor::Tensor& norm_in, const RmsNormActs& norm_acts,
+                      const BlockScratch& s, const tensor::Tensor& d_x,
+                      const PartBackward& part_backward) const;
   /// forward(); `recomputing`: the backward's refill of a full-recompute record, which
   /// must not count the MoE layer's expert choices a second time.
   void run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,

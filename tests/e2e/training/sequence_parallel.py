@@ -30,9 +30,7 @@ usage: sequence_parallel.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FL
 import os
 import sys
 
-import numpy as np
-
-from training_e2e import read_run, rel_l2, setup
+from training_e2e import Comparisons, read_run, setup
 
 TOL = 1e-5         # losses (relative), the whole parameter vector (relative L2)
 TENSOR_TOL = 5e-5  # each tensor (relative L2): tensor_parallel.py says why
@@ -44,7 +42,9 @@ SP = ["parallel.sequence_parallel=true"]
 
 def main():
     st = setup(SEQ)
-    problems = []
+    check = Comparisons(TOL, TENSOR_TOL, STEPS)
+    problems = check.problems
+    same_bits, within = check.same_bits, check.within
 
     def run(name, ranks, sets, layout):
         out, r, _ = st.train(name, ranks, sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
@@ -59,40 +59,6 @@ def main():
         recs, params = read_run(out)
         steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
         return out, steps, params, recs
-
-    def same_bits(name, a, b):
-        if a[0] != b[0]:
-            problems.append(f"{name}: steps (step, loss, norm) {a[0][:2]}... differ from "
-                            f"{b[0][:2]}...")
-        differing = [k for k in b[1] if not np.array_equal(a[1].get(k), b[1][k])]
-        if sorted(a[1]) != sorted(b[1]) or differing:
-            problems.append(f"{name}: {len(differing)} tensors differ in final-params.h5"
-                            + (f", first {differing[0]}" if differing else ""))
-        else:
-            print(f"{name}: bit-identical ({len(a[0])} steps, {len(a[1])} tensors)")
-
-    def within(name, a, b, first_step=1):
-        ref = {s[0]: s[1] for s in b[0]}
-        errs = [abs(loss - ref[step]) / abs(ref[step]) for step, loss, _ in a[0]
-                if step >= first_step]
-        if len(errs) != STEPS - first_step + 1:
-            problems.append(f"{name}: {len(errs)} steps logged")
-            return
-        if max(errs) > TOL:
-            problems.append(f"{name}: losses differ by {max(errs):.2e} relative > {TOL:g}")
-        if sorted(a[1]) != sorted(b[1]) or any(a[1][k].shape != b[1][k].shape for k in b[1]):
-            problems.append(f"{name}: final-params.h5 holds other tensors or shapes")
-            return
-        keys = sorted(b[1])
-        whole = rel_l2(np.concatenate([a[1][k].ravel() for k in keys]),
-                       np.concatenate([b[1][k].ravel() for k in keys]))
-        wp, wk = max((rel_l2(a[1][k], b[1][k]), k) for k in keys)
-        if whole > TOL:
-            problems.append(f"{name}: parameters relative L2 {whole:.2e} > {TOL:g}")
-        if wp > TENSOR_TOL:
-            problems.append(f"{name}: {wk} relative L2 {wp:.2e} > {TENSOR_TOL:g}")
-        print(f"{name}: losses within {max(errs):.2e}, parameters within {whole:.2e} relative "
-              f"L2 (the farthest tensor {wk}: {wp:.2e})")
 
     lay = "data {} x tensor {} x pipeline {}"
     _, *one = run("tp1", 1, [], lay.format(1, 1, 1))

@@ -43,9 +43,8 @@ import os
 import sys
 
 import h5py
-import numpy as np
 
-from training_e2e import read_run, rel_l2, setup
+from training_e2e import Comparisons, read_run, setup
 
 TOL = 1e-5         # losses (relative), the whole parameter vector (relative L2)
 TENSOR_TOL = 5e-5  # each tensor (relative L2): see above
@@ -57,7 +56,9 @@ TIMEOUT_S = 5
 def main():
     st = setup(SEQ)
     work = st.work
-    problems = []
+    check = Comparisons(TOL, TENSOR_TOL, STEPS)
+    problems = check.problems
+    same_bits, within = check.same_bits, check.within
 
     def launch(name, ranks, sets):
         return st.train(name, ranks, sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
@@ -74,51 +75,6 @@ def main():
         recs, params = read_run(out)
         steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
         return out, steps, params, recs
-
-    def same_bits(name, a, b):
-        if a[0] != b[0]:
-            problems.append(f"{name}: steps (step, loss, norm) {a[0][:3]}... differ from "
-                            f"{b[0][:3]}...")
-        differing = [k for k in b[1] if not np.array_equal(a[1].get(k), b[1][k])]
-        if sorted(a[1]) != sorted(b[1]) or differing:
-            problems.append(f"{name}: {len(differing)} tensors differ in final-params.h5"
-                            + (f", first {differing[0]}" if differing else ""))
-        else:
-            print(f"{name}: bit-identical ({len(a[0])} steps, {len(a[1])} tensors)")
-
-    def within(name, a, b, first_step=1):
-        ref = {s[0]: s[1] for s in b[0]}
-        worst = 0.0
-        checked = 0
-        for step, loss, _ in a[0]:
-            if step < first_step:
-                continue
-            checked += 1
-            err = abs(loss - ref[step]) / abs(ref[step])
-            worst = max(worst, err)
-            if err > TOL:
-                problems.append(f"{name}: step {step} loss {loss!r} vs {ref[step]!r}")
-        if sorted(a[1]) != sorted(b[1]):
-            problems.append(f"{name}: final-params.h5 holds other tensors "
-                            f"({len(a[1])} vs {len(b[1])})")
-            return
-        bad = [k for k in b[1] if a[1][k].shape != b[1][k].shape]
-        if bad:
-            problems.append(f"{name}: {bad[0]} has shape {a[1][bad[0]].shape}, "
-                            f"not {b[1][bad[0]].shape}")
-            return
-        keys = sorted(b[1])
-        whole = rel_l2(np.concatenate([a[1][k].ravel() for k in keys]),
-                       np.concatenate([b[1][k].ravel() for k in keys]))
-        wp, wk = max((rel_l2(a[1][k], b[1][k]), k) for k in keys)
-        if whole > TOL:
-            problems.append(f"{name}: parameters relative L2 {whole:.2e} > {TOL:g}")
-        if wp > TENSOR_TOL:
-            problems.append(f"{name}: {wk} relative L2 {wp:.2e} > {TENSOR_TOL:g}")
-        if checked < STEPS - first_step + 1:
-            problems.append(f"{name}: {checked} steps logged")
-        print(f"{name}: losses within {worst:.2e}, parameters within {whole:.2e} relative L2 "
-              f"(the farthest tensor {wk}: {wp:.2e})")
 
     lay = "data {} x tensor {} x pipeline {}"
     _, *tp1 = run("tp1", 1, [], lay.format(1, 1, 1))

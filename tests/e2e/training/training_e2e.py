@@ -98,3 +98,64 @@ def read_h5(path, prefixes):
 def same_bits(a, b):
     """The same names holding the same bytes."""
     return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+class Comparisons:
+    """One run against another, collecting what differs in `problems`. A run is what the
+    scripts' run() returns after its folder: (steps, params, ...), steps the (step, loss,
+    grad_norm) of metrics.jsonl, params final-params.h5's tensors by name."""
+
+    def __init__(self, tol, tensor_tol, steps):
+        self.tol = tol                # losses (relative), the whole parameter vector (rel. L2)
+        self.tensor_tol = tensor_tol  # each tensor (relative L2)
+        self.steps = steps            # the steps a run logs
+        self.problems = []
+
+    def same_bits(self, name, a, b, first_step=1):
+        """a's steps from first_step and its final parameters are b's, bit for bit."""
+        ref_steps = [s for s in b[0] if s[0] >= first_step]
+        if a[0] != ref_steps:
+            self.problems.append(f"{name}: steps (step, loss, norm) {a[0][:3]}... differ from "
+                                 f"{ref_steps[:3]}...")
+        differing = [k for k in b[1] if not np.array_equal(a[1].get(k), b[1][k])]
+        if sorted(a[1]) != sorted(b[1]) or differing:
+            self.problems.append(f"{name}: {len(differing)} tensors differ in final-params.h5"
+                                 + (f", first {differing[0]}" if differing else ""))
+        else:
+            print(f"{name}: bit-identical ({len(a[0])} steps, {len(a[1])} tensors)")
+
+    def within(self, name, a, b, first_step=1):
+        """a's losses from first_step within tol of b's (relative), its final parameters
+        within tol as one vector and within tensor_tol each (relative L2)."""
+        ref = {s[0]: s[1] for s in b[0]}
+        worst = 0.0
+        checked = 0
+        for step, loss, _ in a[0]:
+            if step < first_step:
+                continue
+            checked += 1
+            err = abs(loss - ref[step]) / abs(ref[step])
+            worst = max(worst, err)
+            if err > self.tol:
+                self.problems.append(f"{name}: step {step} loss {loss!r} vs {ref[step]!r}")
+        if checked < self.steps - first_step + 1:
+            self.problems.append(f"{name}: {checked} steps logged")
+        if sorted(a[1]) != sorted(b[1]):
+            self.problems.append(f"{name}: final-params.h5 holds other tensors "
+                                 f"({len(a[1])} vs {len(b[1])})")
+            return
+        bad = [k for k in b[1] if a[1][k].shape != b[1][k].shape]
+        if bad:
+            self.problems.append(f"{name}: {bad[0]} has shape {a[1][bad[0]].shape}, "
+                                 f"not {b[1][bad[0]].shape}")
+            return
+        keys = sorted(b[1])
+        whole = rel_l2(np.concatenate([a[1][k].ravel() for k in keys]),
+                       np.concatenate([b[1][k].ravel() for k in keys]))
+        wp, wk = max((rel_l2(a[1][k], b[1][k]), k) for k in keys)
+        if whole > self.tol:
+            self.problems.append(f"{name}: parameters relative L2 {whole:.2e} > {self.tol:g}")
+        if wp > self.tensor_tol:
+            self.problems.append(f"{name}: {wk} relative L2 {wp:.2e} > {self.tensor_tol:g}")
+        print(f"{name}: losses within {worst:.2e}, parameters within {whole:.2e} relative L2 "
+              f"(the farthest tensor {wk}: {wp:.2e})")
