@@ -440,14 +440,28 @@ void check_node_limit(const RunConfig& c, const GivenKeys& given, const std::str
 void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::string& fallback) {
   const auto s = [](auto v) { return std::to_string(v); };
   const std::int64_t P = c.parallel.pipeline;
+  // One stage pipelines nothing: its schedule and chunks do not matter.
+  const std::int64_t V = P > 1 ? c.parallel.virtual_stages : 1;
+  const bool interleaved = P > 1 && c.parallel.pipeline_schedule == PipelineSchedule::interleaved;
   const ModelSection& m = c.model;
+  if (V > 1 && !interleaved)
+    fail_combination(given, fallback, {"parallel.virtual_stages", "parallel.pipeline_schedule"},
+                     "parallel.virtual_stages " + s(V) +
+                         " needs parallel.pipeline_schedule: interleaved (1f1b runs one chunk of "
+                         "blocks per rank)");
+  if (interleaved && V < 2)
+    fail_combination(given, fallback, {"parallel.pipeline_schedule", "parallel.virtual_stages"},
+                     "parallel.pipeline_schedule: interleaved needs parallel.virtual_stages >= 2 "
+                     "(model chunks per rank; with 1 it is 1f1b)");
   const std::vector<std::int64_t>& layers = c.parallel.pipeline_layers;
   if (!layers.empty()) {
-    if (static_cast<std::int64_t>(layers.size()) != P)
+    if (static_cast<std::int64_t>(layers.size()) != P * V)
       fail_combination(given, fallback, {"parallel.pipeline_layers", "parallel.pipeline"},
                        "parallel.pipeline_layers has " + s(layers.size()) +
-                           " entries; it needs one per pipeline stage (parallel.pipeline " + s(P) +
-                           ")");
+                           " entries; it needs one per " +
+                           (V > 1 ? "virtual stage (parallel.pipeline " + s(P) +
+                                        " x virtual_stages " + s(V) + " = " + s(P * V) + ")"
+                                  : "pipeline stage (parallel.pipeline " + s(P) + ")"));
     std::int64_t sum = 0;
     for (const std::int64_t n : layers)
       sum += n;
@@ -457,14 +471,19 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
                            " blocks; it must sum to model.n_layers (" + s(m.n_layers) + ")");
   }
   if (P == 1) return;
+  if (V > 1 && P * V > m.n_layers)
+    fail_combination(given, fallback, {"parallel.virtual_stages", "model.n_layers"},
+                     "parallel.pipeline (" + s(P) + ") x virtual_stages (" + s(V) +
+                         ") exceeds model.n_layers (" + s(m.n_layers) +
+                         "): every virtual stage needs at least one block");
   if (P > m.n_layers)
     fail_combination(given, fallback, {"parallel.pipeline", "model.n_layers"},
                      "parallel.pipeline (" + s(P) + ") exceeds model.n_layers (" + s(m.n_layers) +
                          "): every stage needs at least one block");
-  if (c.parallel.pipeline_schedule != PipelineSchedule::one_f_one_b)
-    fail_combination(given, fallback, {"parallel.pipeline_schedule"},
-                     "interleaved is not supported yet: the interleaved schedule (virtual "
-                     "stages) is not implemented; use 1f1b");
+  if (interleaved && m.n_routed_experts > 0)
+    fail_combination(given, fallback, {"parallel.pipeline_schedule", "model.n_routed_experts"},
+                     "parallel.pipeline_schedule: interleaved runs dense blocks only so far "
+                     "(DeepSeekMoE blocks run under 1f1b); set pipeline_schedule: 1f1b");
   const auto refuse = [&](const char* key, const std::string& what) {
     fail_combination(given, fallback, {key, "parallel.pipeline"},
                      what + " is not supported yet with parallel.pipeline " + s(P) +
@@ -1224,7 +1243,9 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
 }
 
 std::vector<std::int64_t> pipeline_stage_layers(const RunConfig& config) {
-  const std::int64_t P = config.parallel.pipeline, L = config.model.n_layers;
+  const std::int64_t P = config.parallel.pipeline *
+                         (config.parallel.pipeline > 1 ? config.parallel.virtual_stages : 1);
+  const std::int64_t L = config.model.n_layers;
   if (!config.parallel.pipeline_layers.empty()) return config.parallel.pipeline_layers;
   std::vector<std::int64_t> out;
   for (std::int64_t s = 0; s < P; ++s)

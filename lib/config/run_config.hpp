@@ -227,7 +227,7 @@ struct ParallelSection {
   /// and of the blocks' norms, and the tensor group's all-reduces become an all-gather
   /// before and a reduce-scatter after each attention and MLP.
   bool sequence_parallel = false;
-  /// Pipeline stages (train/pipeline_schedule.hpp, docs/performance.md "pipeline
+  /// Pipeline stages (model/pipeline_schedule.hpp, docs/performance.md "pipeline
   /// parallelism"): the blocks split into this many consecutive stages.
   std::int64_t pipeline = 1;
   /// Blocks per stage, first stage first (the first also holds the embedding, the last the
@@ -235,6 +235,10 @@ struct ParallelSection {
   /// when n_layers does not divide).
   std::vector<std::int64_t> pipeline_layers;
   PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
+  /// The interleaved schedule's model chunks per pipeline rank (V): the blocks split into
+  /// pipeline x virtual_stages consecutive virtual stages, virtual stage c x pipeline + p
+  /// on rank p. 1 under 1f1b.
+  std::int64_t virtual_stages = 1;
   /// Expert parallelism: the routed experts split over groups of `expert` consecutive data
   /// ranks (1 = none). Divides model.n_routed_experts and the data ranks.
   std::int64_t expert = 1;
@@ -320,8 +324,9 @@ struct Layout {
   std::int64_t global_batch_size = 1;  ///< sequences per optimizer step
 };
 
-/// Blocks per pipeline stage: parallel.pipeline_layers, or the even split of model.n_layers
-/// over parallel.pipeline stages (the first n_layers % pipeline stages one more).
+/// Blocks per virtual pipeline stage (parallel.pipeline x parallel.virtual_stages of them;
+/// with one chunk per rank, per stage): parallel.pipeline_layers, or the even split of
+/// model.n_layers over them (the first n_layers % (pipeline x virtual_stages) one more).
 std::vector<std::int64_t> pipeline_stage_layers(const RunConfig& config);
 
 /// Field-by-field equality (doubles compared exactly), generated from the schema so a new

@@ -421,17 +421,29 @@ void visit_parallel(V& v, S&... s) {
   v.field("parallel.pipeline_layers",
           Spec("Blocks per pipeline stage, first stage first (it also holds the embedding; the "
                "last the final norm and the head); empty = an even split, the first stages one "
-               "more block when n_layers does not divide. parallel.pipeline entries, summing to "
-               "model.n_layers.")
+               "more block when n_layers does not divide. parallel.pipeline entries (with "
+               "virtual stages, parallel.pipeline x parallel.virtual_stages: one per virtual "
+               "stage, in the model's order), summing to model.n_layers.")
               .at_least(1)
               .at_most(kIntMax),
           s.pipeline_layers...);
   v.field("parallel.pipeline_schedule",
           Spec("Order of a stage's forwards and backwards over the step's micro-batches (the "
                "accumulation steps): 1f1b (one forward, one backward; at most P - stage "
-               "micro-batches in flight; bubble (P - 1) / micro-batches). interleaved (virtual "
-               "stages) is not implemented yet: a deck error."),
+               "micro-batches in flight; bubble (P - 1) / micro-batches). interleaved "
+               "(Megatron-LM's virtual pipeline): each rank holds parallel.virtual_stages "
+               "chunks of blocks, chunk c of rank p being virtual stage c x P + p; bubble "
+               "(P - 1) / (virtual_stages x micro-batches), for more activation records and "
+               "virtual_stages times the point-to-point messages. interleaved needs "
+               "virtual_stages >= 2, micro-batches a multiple of parallel.pipeline and dense "
+               "blocks."),
           s.pipeline_schedule...);
+  v.field("parallel.virtual_stages",
+          Spec("Model chunks per pipeline rank under pipeline_schedule interleaved (V >= 2; 1 "
+               "under 1f1b). pipeline x virtual_stages is at most model.n_layers.")
+              .at_least(1)
+              .at_most(kIntMax),
+          s.virtual_stages...);
   v.field("parallel.expert",
           Spec("Expert-parallel ranks (docs/model.md, \"Expert parallelism\"): the routed "
                "experts of every MoE layer are split over groups of this many consecutive data "

@@ -50,11 +50,13 @@ struct DenseModel::Impl {
   bool master_outside = false;
   Arena compute{"compute parameters", Arena::Mode::plan};
 
-  // The blocks held (resolved: last is a block index) and one record per slot: the blocks'
-  // (indexed by block, the others empty), the tokens (first stage) and targets (last
-  // stage), the output of a stage without the head. `layer`, `tokens` and `targets` are
-  // slot 0's.
-  StageBlocks stage;
+  // The chunks of blocks held (resolved: last is a block index; one but under the
+  // interleaved schedule) and their records, chunk 0's first (record chunk_base[c] + slot
+  // is chunk c's record `slot`): each record's blocks' activations (indexed by block, the
+  // others empty), the tokens (first stage) and targets (last stage), the output of a
+  // chunk without the head. `layer`, `tokens` and `targets` are record 0's.
+  std::vector<StageBlocks> chunks;
+  std::vector<std::size_t> chunk_base, record_chunk;
   std::vector<std::vector<BlockActs>> slot_layer;
   std::vector<Tensor> slot_tokens, slot_targets, slot_out;
   // Each record's gradient scale (stage_forward's grad_scale: the balance loss's gradient
@@ -82,60 +84,81 @@ struct DenseModel::Impl {
   Impl(const config::ModelSection& m, const TensorSlice& tp, const ExpertSlice& ep)
       : net(m, tp, ep) {}
 
+  const StageBlocks& chunk_of(std::size_t record) const { return chunks[record_chunk[record]]; }
+  bool holds_head() const { return chunks.back().head; }
+
   void take_all() {
-    const auto slots = static_cast<std::size_t>(stage.slots);
-    slot_layer.assign(slots, std::vector<BlockActs>(static_cast<std::size_t>(L)));
-    slot_tokens.assign(slots, Tensor{});
-    slot_targets.assign(slots, Tensor{});
-    slot_out.assign(slots, Tensor{});
-    slot_scale.assign(slots, 0.0f);
-    BlockActs shared = net.block(stage.first).take_shared(recomputed, B, T, fused, recompute);
+    chunk_base.clear();
+    record_chunk.clear();
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      chunk_base.push_back(record_chunk.size());
+      record_chunk.insert(record_chunk.end(), static_cast<std::size_t>(chunks[c].slots), c);
+    }
+    const std::size_t records = record_chunk.size();
+    slot_layer.assign(records, std::vector<BlockActs>(static_cast<std::size_t>(L)));
+    slot_tokens.assign(records, Tensor{});
+    slot_targets.assign(records, Tensor{});
+    slot_out.assign(records, Tensor{});
+    slot_scale.assign(records, 0.0f);
+    const std::int64_t first = chunks.front().first;
+    BlockActs shared = net.block(first).take_shared(recomputed, B, T, fused, recompute);
     if (rows != N) {
       gathered = shared.gathered = work.take("sequence-parallel gathered rows", {N, C}, DType::f32);
       partial = shared.partial = work.take("sequence-parallel partial sums", {N, C}, DType::f32);
     }
-    for (std::size_t s = 0; s < slots; ++s) {
+    for (std::size_t r = 0; r < records; ++r) {
+      const StageBlocks& chunk = chunk_of(r);
       // The whole model takes tokens and targets as it always has (slot 0 of both ends).
-      if (stage.embedding || stage.head) slot_tokens[s] = acts.take("tokens", {N}, DType::i32);
-      if (stage.head) slot_targets[s] = acts.take("targets", {N}, DType::i32);
-      for (std::int64_t l = stage.first; l < stage.last; ++l)
-        slot_layer[s][static_cast<std::size_t>(l)] =
+      if (chunk.embedding || chunk.head) slot_tokens[r] = acts.take("tokens", {N}, DType::i32);
+      if (chunk.head) slot_targets[r] = acts.take("targets", {N}, DType::i32);
+      for (std::int64_t l = chunk.first; l < chunk.last; ++l)
+        slot_layer[r][static_cast<std::size_t>(l)] =
             net.block(l).take(acts, B, T, fused, recompute, shared);
-      if (!stage.head) slot_out[s] = acts.take("stage output", {rows, C}, DType::f32);
+      if (!chunk.head) slot_out[r] = acts.take("stage output", {rows, C}, DType::f32);
     }
     layer = slot_layer[0];
     tokens = slot_tokens[0];
     targets = slot_targets[0];
-    if (stage.head) head = net.head().take(acts, N, rows);
-    if (net.mtp() && stage.head) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
+    if (holds_head()) head = net.head().take(acts, N, rows);
+    if (net.mtp() && holds_head()) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
 
-    rope = Rope::take(work, T, net.block(stage.first).head_dim());
+    rope = Rope::take(work, T, net.block(first).head_dim());
     d_x = work.take("d_x", {N, C}, DType::f32);
-    block = net.block(stage.first).take_scratch(work, B, T, fused);
-    if (net.mtp() && stage.head) mtp_scratch = net.mtp()->take_scratch(work, N);
+    block = net.block(first).take_scratch(work, B, T, fused);
+    if (net.mtp() && holds_head()) mtp_scratch = net.mtp()->take_scratch(work, N);
   }
 
-  /// Every DeepSeekMoE block this model holds with its record `slot`: the stage's blocks in
-  /// order, then the MTP module's (the whole model only; model/stage.hpp). Each record has
-  /// its own host routing (Block::take): 1F1B's micro-batches in flight route apart.
+  /// Every DeepSeekMoE block of record `record`'s chunk with that record: the chunk's
+  /// blocks in order, then the MTP module's (the whole model only; model/stage.hpp). Each
+  /// record has its own host routing (Block::take): 1F1B's micro-batches in flight route
+  /// apart.
   template <class F>
-  void each_moe(std::size_t slot, F&& f) const {
-    for (std::int64_t l = stage.first; l < stage.last; ++l)
-      if (const Moe* m = net.block(l).moe()) f(*m, slot_layer[slot][static_cast<std::size_t>(l)]);
-    if (net.mtp() && stage.head)
+  void each_moe(std::size_t record, F&& f) const {
+    const StageBlocks& chunk = chunk_of(record);
+    for (std::int64_t l = chunk.first; l < chunk.last; ++l)
+      if (const Moe* m = net.block(l).moe()) f(*m, slot_layer[record][static_cast<std::size_t>(l)]);
+    if (net.mtp() && chunk.head)
       if (const Moe* m = net.mtp()->block().moe()) f(*m, mtp.block);
   }
+  /// Every DeepSeekMoE block this model holds, in the model's order (each chunk's first
+  /// record).
   template <class F>
   void each_moe(F&& f) const {
-    each_moe(0, std::forward<F>(f));
+    for (const std::size_t first : chunk_base)
+      each_moe(first, f);
   }
   /// Every record's routing of each MoE block: f(block index among this model's MoE
   /// blocks, routing) (the loads of a step's micro-batches are spread over the records).
   template <class F>
   void each_routing(F&& f) const {
-    for (std::size_t slot = 0; slot < slot_layer.size(); ++slot) {
-      std::size_t b = 0;
-      each_moe(slot, [&](const Moe&, const BlockActs& a) {
+    std::vector<std::size_t> before(chunks.size(), 0);  // MoE blocks of the earlier chunks
+    for (std::size_t c = 1; c < chunks.size(); ++c)
+      each_moe(chunk_base[c - 1], [&](const Moe&, const BlockActs&) { ++before[c]; });
+    for (std::size_t c = 1; c < chunks.size(); ++c)
+      before[c] += before[c - 1];
+    for (std::size_t r = 0; r < slot_layer.size(); ++r) {
+      std::size_t b = before[record_chunk[r]];
+      each_moe(r, [&](const Moe&, const BlockActs& a) {
         if (a.moe.routing) f(b, *a.moe.routing);
         ++b;
       });
@@ -145,6 +168,7 @@ struct DenseModel::Impl {
   void forward_pass(const std::int32_t* tok, const std::int32_t* tgt) { forward_pass(0, tok, tgt); }
 
   void forward_pass(std::size_t slot, const std::int32_t* tok, const std::int32_t* tgt) {
+    const StageBlocks& stage = chunk_of(slot);
     const std::vector<BlockActs>& rec = slot_layer[slot];
     const std::size_t bytes = static_cast<std::size_t>(N) * sizeof(std::int32_t);
     if (slot_tokens[slot].data) tensor::copy(c.ctx, slot_tokens[slot].data, tok, bytes);
@@ -181,6 +205,12 @@ struct DenseModel::Impl {
     const OnReady ready = [&](std::size_t offset) {
       if (on_ready) on_ready(offset);
     };
+    const StageBlocks& stage = chunk_of(slot);
+    // Everything from offset 0 is final after the first chunk's backward only: a later
+    // chunk's blocks have reported their own offsets, the earlier chunks' come after.
+    const auto all_ready = [&] {
+      if (record_chunk[slot] == 0) ready(0);
+    };
     const std::vector<BlockActs>& rec = slot_layer[slot];
     const Tensor& tok = slot_tokens[slot];
     const Tensor dx_rows = row_range(d_x, 0, rows);  // the blocks' (this rank's rows)
@@ -195,7 +225,7 @@ struct DenseModel::Impl {
       // d_x holds d(loss)/d(the stage's output), put there by the caller.
       net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
       embedding_backward();
-      ready(0);
+      all_ready();
       return;
     }
     // head.logits holds d(loss)/d(logits) (Head::loss_and_gradient wrote it in place). The
@@ -212,7 +242,7 @@ struct DenseModel::Impl {
                           net.mtp() ? mtp_scratch.d_main : Tensor{});
     net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
     embedding_backward();
-    ready(0);
+    all_ready();
   }
 
   /// The loss sum of `losses` (N) over the targets that count (`tgt`: the host copy of
@@ -243,8 +273,18 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
                        bool deterministic, float* gradient_memory, float* param_memory,
                        config::Recompute recompute, bool master_outside, const StageBlocks& stage,
                        const TensorSlice& tp, const ExpertSlice& ep)
+    : DenseModel(m, batch, seq_len, mode, ctx, storage, deterministic, gradient_memory,
+                 param_memory, recompute, master_outside, std::vector<StageBlocks>{stage}, tp, ep) {
+}
+
+DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
+                       tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
+                       bool deterministic, float* gradient_memory, float* param_memory,
+                       config::Recompute recompute, bool master_outside,
+                       const std::vector<StageBlocks>& chunks, const TensorSlice& tp,
+                       const ExpertSlice& ep)
     : impl_(std::make_unique<Impl>(m, tp, ep)),
-      params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(stage), mode, ctx,
+      params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(chunks), mode, ctx,
                                            gradient_memory, param_memory)),
       B_(batch),
       T_(seq_len) {
@@ -279,18 +319,23 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   s.C = m.d_model;
   s.L = m.n_layers;
   s.recompute = recompute;
-  s.stage = stage;
-  if (s.stage.last < 0) s.stage.last = m.n_layers;
-  if (!s.stage.is_whole(m.n_layers)) {
+  s.chunks = chunks;
+  for (StageBlocks& chunk : s.chunks)
+    if (chunk.last < 0) chunk.last = m.n_layers;
+  if (s.chunks.size() > 1 || !s.chunks.front().is_whole(m.n_layers)) {
     // Stages hold dense and DeepSeekMoE blocks, each record with its own MoE routing
     // (deck.cpp refuses the rest).
     if (m.mtp_depth > 0 || m.tie_embeddings)
       throw Error("model: a pipeline stage supports neither the MTP module nor tied embeddings");
-    if (s.stage.head && s.stage.slots != 1)
+    if (s.holds_head() && s.chunks.back().slots != 1)
       throw Error("model: the last pipeline stage keeps one activation record, not " +
-                  std::to_string(s.stage.slots));
+                  std::to_string(s.chunks.back().slots));
   }
-  s.net.bind(*params_, s.stage);
+  for (const StageBlocks& chunk : s.chunks)
+    if (chunk.slots < 1)
+      throw Error("model: a chunk of blocks needs at least one activation record, not " +
+                  std::to_string(chunk.slots));
+  s.net.bind(*params_, s.chunks);
   s.mtp_scale = m.mtp_loss_weight;
   // Latent attention has no fused core (its query/key and value widths differ).
   s.fused = !deterministic && !m.mla() &&
@@ -377,9 +422,9 @@ ModelMemory DenseModel::memory() const {
   mem.activations = impl_->acts.used_bytes();
   // MoE blocks keep their routing on the host, outside the arenas (Moe::routing_bytes).
   // One routing per record (stage slots).
-  impl_->each_moe([&](const Moe& m, const BlockActs&) {
-    mem.activations += m.routing_bytes(impl_->N) * static_cast<std::uint64_t>(impl_->stage.slots);
-  });
+  for (std::size_t r = 0; r < impl_->slot_layer.size(); ++r)
+    impl_->each_moe(
+        r, [&](const Moe& m, const BlockActs&) { mem.activations += m.routing_bytes(impl_->N); });
   mem.recompute = impl_->recomputed.used_bytes();
   mem.workspace = impl_->work.used_bytes();
   return mem;
@@ -426,18 +471,27 @@ double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32
   return loss;
 }
 
-const StageBlocks& DenseModel::stage() const {
-  return impl_->stage;
+const std::vector<StageBlocks>& DenseModel::chunks() const {
+  return impl_->chunks;
+}
+
+std::size_t DenseModel::record(int chunk, std::int64_t micro) const {
+  const Impl& s = *impl_;
+  if (chunk < 0 || static_cast<std::size_t>(chunk) >= s.chunks.size() || micro < 0)
+    throw Error("model: no chunk " + std::to_string(chunk) + " of " +
+                std::to_string(s.chunks.size()) + " (micro-batch " + std::to_string(micro) + ")");
+  const auto c = static_cast<std::size_t>(chunk);
+  return s.chunk_base[c] + static_cast<std::size_t>(micro % s.chunks[c].slots);
 }
 
 tensor::Tensor DenseModel::stage_input(std::size_t slot) const {
   const Impl& s = *impl_;
-  return s.slot_layer.at(slot)[static_cast<std::size_t>(s.stage.first)].x;
+  return s.slot_layer.at(slot)[static_cast<std::size_t>(s.chunk_of(slot).first)].x;
 }
 
 tensor::Tensor DenseModel::stage_output(std::size_t slot) const {
   const Impl& s = *impl_;
-  return s.stage.head ? s.head.x : s.slot_out.at(slot);
+  return s.chunk_of(slot).head ? s.head.x : s.slot_out.at(slot);
 }
 
 tensor::Tensor DenseModel::stage_gradient() const {
@@ -458,11 +512,11 @@ double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
   s.slot_scale[slot] = with_gradient ? grad_scale : 0.0f;
   double loss = 0.0;
   if (valid_tokens) *valid_tokens = 0;
-  if (s.stage.head) {
+  if (s.chunk_of(slot).head) {
     if (with_gradient)
-      s.net.head().loss_and_gradient(s.c, s.head, s.targets, grad_scale);
+      s.net.head().loss_and_gradient(s.c, s.head, s.slot_targets[slot], grad_scale);
     else
-      s.net.head().loss(s.c, s.head, s.targets);
+      s.net.head().loss(s.c, s.head, s.slot_targets[slot]);
     loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
   }
   tensor::synchronize(s.c.ctx);

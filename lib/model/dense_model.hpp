@@ -73,6 +73,13 @@ class DenseModel {
              float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none,
              bool master_outside = false, const StageBlocks& stage = StageBlocks::whole(),
              const TensorSlice& tp = {}, const ExpertSlice& ep = {});
+  /// A pipeline rank's chunks of blocks (model/stage.hpp rank_chunks: several under the
+  /// interleaved schedule, each with its own records).
+  DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
+             tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage, bool deterministic,
+             float* gradient_memory, float* param_memory, config::Recompute recompute,
+             bool master_outside, const std::vector<StageBlocks>& chunks,
+             const TensorSlice& tp = {}, const ExpertSlice& ep = {});
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;
@@ -119,8 +126,14 @@ class DenseModel {
                           const std::function<void(std::size_t)>& on_ready = {});
 
   // --- a pipeline stage (constructed with a StageBlocks; model/stage.hpp) ----------------
-  /// The blocks this model holds, resolved (the whole model: [0, n_layers), both ends).
-  const StageBlocks& stage() const;
+  // A record (`slot` below) is one chunk's activations of one micro-batch in flight:
+  // record(chunk, micro); with one chunk, record `slot` is slot.
+  /// The chunks of blocks this model holds, resolved (the whole model: one, [0, n_layers),
+  /// both ends).
+  const std::vector<StageBlocks>& chunks() const;
+  /// The record chunk `chunk` keeps micro-batch `micro` in (its records in turn: micro mod
+  /// its slots). Throws dst::Error for a chunk it does not hold.
+  std::size_t record(int chunk, std::int64_t micro) const;
   /// (N, C) (this rank's N / T rows under sequence parallelism) the input of the stage's first
   /// block in record `slot`: a stage without the embedding receives its input here before
   /// stage_forward().

@@ -286,29 +286,38 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                 " pipeline stages but the deck's parallel.pipeline is " +
                 std::to_string(c.parallel.pipeline));
   if (layout.pipeline > 1) {
-    // Each stage in planning mode, as the trainer builds it (StageBlocks).
+    // Each stage in planning mode, as the trainer builds it (rank_chunks: one chunk under
+    // 1f1b, parallel.virtual_stages under interleaved, each with the records its schedule
+    // keeps in flight).
     const std::int64_t micro = layout.grad_accum_steps;
     for (int s = 0; s < layout.pipeline; ++s) {
-      const std::int64_t in_flight = std::min<std::int64_t>(layout.pipeline - s, micro);
-      const StageBlocks sb = stage_blocks(c, s, in_flight);
+      const std::vector<StageBlocks> chunks = rank_chunks(c, s, micro);
       const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
-                            DType::f32, true, nullptr, nullptr, c.training.recompute, false, sb,
+                            DType::f32, true, nullptr, nullptr, c.training.recompute, false, chunks,
                             slice);
       Plan::Stage st;
-      st.first = sb.first;
-      st.last = sb.last;
-      st.embedding = sb.embedding;
-      st.head = sb.head;
+      st.first = chunks.front().first;
+      st.last = chunks.back().last;
+      st.embedding = chunks.front().embedding;
+      st.head = chunks.back().head;
       st.parameters = part.params().parameter_count();
-      st.in_flight = in_flight;
-      st.memory = memory_of(part.memory(), stage_moe_blocks(sb) * in_flight);
+      st.in_flight = 0;
+      std::int64_t moe_records = 0;
+      for (const StageBlocks& chunk : chunks) {
+        st.chunks.emplace_back(chunk.first, chunk.last);
+        st.in_flight += chunk.slots;
+        moe_records += stage_moe_blocks(chunk) * chunk.slots;
+      }
+      st.memory = memory_of(part.memory(), moe_records);
       if (s == 0 || st.memory.total() > mem.total()) {
         mem = st.memory;
         mm = part.memory();
       }
       plan.stages.push_back(st);
     }
-    plan.bubble_fraction = static_cast<double>(layout.pipeline - 1) / static_cast<double>(micro);
+    plan.chunks = pipeline_chunks(c);
+    plan.bubble_fraction =
+        static_cast<double>(layout.pipeline - 1) / static_cast<double>(plan.chunks * micro);
     // Under sequence parallelism each rank of a tensor group sends its share of the rows.
     plan.p2p_bytes_per_micro_batch = static_cast<double>(c.training.micro_batch_size) *
                                      static_cast<double>(T) * static_cast<double>(m.d_model) *
@@ -447,9 +456,12 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   if (TP > 1) {
     std::int64_t blocks = m.n_layers;
     if (layout.pipeline > 1) {
-      blocks = 0;
-      for (const std::int64_t n : pipeline_stage_layers(c))
-        blocks = std::max(blocks, n);
+      // The heaviest rank's blocks (each rank's chunks: virtual stages p, p + P, ...).
+      const std::vector<std::int64_t> layers = pipeline_stage_layers(c);
+      std::vector<std::int64_t> per_rank(static_cast<std::size_t>(layout.pipeline), 0);
+      for (std::size_t v = 0; v < layers.size(); ++v)
+        per_rank[v % per_rank.size()] += layers[v];
+      blocks = *std::max_element(per_rank.begin(), per_rank.end());
     }
     const bool again = c.training.recompute == config::Recompute::full;
     const double per_block = sp ? (again ? 7.0 : 5.0) : (again ? 6.0 : 4.0);
@@ -514,8 +526,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                       static_cast<double>(TP);
   const double gflops = low_precision ? rates.gemm_16bit_gflops : rates.gemm_fp32_gflops;
   st.compute_s = st.flops_per_rank / (gflops * 1e9) * (1.0 + plan.bubble_fraction);
-  const double p2p_bytes = layout.pipeline > 1 ? 2.0 * (layout.pipeline > 2 ? 2.0 : 1.0) *
-                                                     plan.p2p_bytes_per_micro_batch *
+  // (Interleaved: every chunk of a rank has two boundaries, rank 0's first and rank P - 1's
+  // last chunk one.)
+  const double boundaries =
+      plan.chunks > 1 ? 2.0 * plan.chunks - 1.0 : (layout.pipeline > 2 ? 2.0 : 1.0);
+  const double p2p_bytes = layout.pipeline > 1 ? 2.0 * boundaries * plan.p2p_bytes_per_micro_batch *
                                                      static_cast<double>(layout.grad_accum_steps)
                                                : 0.0;
   // Across nodes the ring runs at the network's rate; a host kind without one (the CPU
@@ -626,19 +641,29 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
   if (!plan.stages.empty()) {
     char frac[64];
     std::snprintf(frac, sizeof frac, "%.3f", plan.bubble_fraction);
+    const std::string V = std::to_string(plan.chunks);
     row("pipeline", std::to_string(plan.stages.size()) + " stages",
-        "(1f1b over " + std::to_string(layout.grad_accum_steps) +
-            " micro-batches; bubble (P - 1) / m = " + frac +
-            "; memory per rank above: the heaviest stage)");
+        plan.chunks > 1 ? "(interleaved, " + V + " chunks per rank, over " +
+                              std::to_string(layout.grad_accum_steps) +
+                              " micro-batches; bubble (P - 1) / (V m) = " + frac +
+                              "; memory per rank above: the heaviest stage)"
+                        : "(1f1b over " + std::to_string(layout.grad_accum_steps) +
+                              " micro-batches; bubble (P - 1) / m = " + frac +
+                              "; memory per rank above: the heaviest stage)");
     for (std::size_t s = 0; s < plan.stages.size(); ++s) {
       const Plan::Stage& st = plan.stages[s];
-      std::string what = "blocks " + std::to_string(st.first) + "-" + std::to_string(st.last - 1);
+      std::string what;
+      for (const auto& [first, last] : st.chunks)
+        what += (what.empty() ? "blocks " : ", ") + std::to_string(first) +
+                (last - 1 > first ? "-" + std::to_string(last - 1) : std::string());
       if (st.embedding) what = "embedding, " + what;
       if (st.head) what += ", final norm, head, loss";
       row(("  stage " + std::to_string(s)).c_str(), bytes(st.memory.total()),
           "(" + what + "; " + format_count(static_cast<double>(st.parameters)) +
               " parameters; activations " + bytes(st.memory.activations) + " for " +
-              std::to_string(st.in_flight) + " micro-batch(es) in flight)");
+              std::to_string(st.in_flight) +
+              (plan.chunks > 1 ? " records (micro-batches in flight, summed over its chunks))"
+                               : " micro-batch(es) in flight)"));
     }
     row("point-to-point", format_bytes(plan.p2p_bytes_per_micro_batch),
         "per micro-batch and stage boundary, each way (activations forward, their gradient "

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/run_config.hpp"
@@ -135,14 +136,20 @@ struct Plan {
   /// its ranks' memory (its layers only, one activation record per micro-batch 1F1B keeps
   /// in flight). `memory` above is then the heaviest stage's.
   struct Stage {
-    std::int64_t first = 0, last = 0;  ///< blocks [first, last)
+    std::int64_t first = 0, last = 0;  ///< blocks [first, last) (first and last chunk's)
+    /// Each chunk's blocks [first, last): one chunk under 1f1b, virtual_stages under
+    /// interleaved.
+    std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
     bool embedding = false, head = false;
     std::int64_t parameters = 0;
-    std::int64_t in_flight = 1;  ///< activation records (micro-batches in flight)
+    /// Activation records (micro-batches in flight, summed over the chunks).
+    std::int64_t in_flight = 1;
     MemoryPlan memory;
   };
   std::vector<Stage> stages;
-  /// 1F1B's bubble, (P - 1) / micro-batches (0 for one stage).
+  /// Model chunks per pipeline rank (parallel.virtual_stages under interleaved, else 1).
+  int chunks = 1;
+  /// The schedule's bubble, (P - 1) / (chunks x micro-batches) (0 for one stage).
   double bubble_fraction = 0.0;
   /// Bytes a stage boundary carries per micro-batch in each direction (the activations
   /// forward, their gradient backward: micro-batch x seq_len x d_model fp32).

@@ -7,6 +7,11 @@
 /// its activation arena one record per micro-batch in flight (`slots`). The blocks may be
 /// dense or DeepSeekMoE (latent attention or not): each record of an MoE block has its
 /// own host routing. The MTP module and tied embeddings are whole-model only.
+///
+/// Under the interleaved schedule (parallel.virtual_stages V > 1) a rank holds V chunks,
+/// each a StageBlocks of one virtual stage (rank_chunks): chunk c of rank p is virtual
+/// stage c x P + p, the embedding is on rank 0's chunk 0 and the head on rank P - 1's
+/// chunk V - 1.
 
 #include <cstdint>
 #include <vector>
@@ -24,7 +29,7 @@ struct StageBlocks {
   bool embedding = true;   ///< holds the embedding (the first stage)
   bool head = true;        ///< holds the final norm, the head and the loss (the last stage)
   /// Activation records kept at once: the micro-batches a 1F1B stage has in flight
-  /// (train::max_in_flight); 1 for the whole model. The last stage has one in flight, so
+  /// (model::max_in_flight); 1 for the whole model. The last stage has one in flight, so
   /// the head's record is single.
   std::int64_t slots = 1;
 
@@ -35,8 +40,8 @@ struct StageBlocks {
   }
 };
 
-/// Stage `stage`'s blocks under config.parallel (pipeline_stage_layers), with `slots`
-/// records. Throws dst::Error for a stage outside [0, parallel.pipeline).
+/// (Virtual) stage `stage`'s blocks under config.parallel (pipeline_stage_layers), with
+/// `slots` records. Throws dst::Error for a stage outside [0, pipeline x virtual stages).
 StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_t slots);
 
 /// The parameters stage `s` holds, in state-dict order, with the offsets of their own
@@ -44,6 +49,22 @@ StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_
 /// that rank's slices of them; with an expert slice `ep`, that rank's routed experts only
 /// (after the other tensors).
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s,
+                                              const TensorSlice& tp = {},
+                                              const ExpertSlice& ep = {});
+
+/// The model chunks per pipeline rank: parallel.virtual_stages with more than one stage,
+/// else 1.
+int pipeline_chunks(const config::RunConfig& config);
+
+/// Pipeline rank `rank`'s chunks, chunk 0 first, each with the records the schedule keeps
+/// in flight over `micro_batches` (chunk_in_flight; one each for micro_batches 0). Throws
+/// dst::Error for a rank outside [0, parallel.pipeline) and what chunk_in_flight refuses.
+std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
+                                     std::int64_t micro_batches);
+
+/// The parameters of a rank's chunks (Transformer::parameter_layout of them).
+std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m,
+                                              const std::vector<StageBlocks>& chunks,
                                               const TensorSlice& tp = {},
                                               const ExpertSlice& ep = {});
 

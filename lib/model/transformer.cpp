@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "model/pipeline_schedule.hpp"
 
 namespace dst::model {
 
@@ -35,12 +36,17 @@ std::int64_t last_of(const StageBlocks& s, std::int64_t n) {
 }  // namespace
 
 std::vector<ParamSpec> Transformer::parameter_layout(const StageBlocks& stage) const {
-  const std::int64_t last = last_of(stage, n_blocks());
+  return parameter_layout(std::vector<StageBlocks>{stage});
+}
+
+std::vector<ParamSpec> Transformer::parameter_layout(const std::vector<StageBlocks>& chunks) const {
+  check_chunks(chunks);
   std::vector<ParamSpec> specs;
-  if (stage.embedding) embedding_.declare(specs);
-  for (std::int64_t l = stage.first; l < last; ++l)
-    blocks_[static_cast<std::size_t>(l)].declare(specs);
-  if (stage.head) {
+  if (chunks.front().embedding) embedding_.declare(specs);
+  for (const StageBlocks& chunk : chunks)
+    for (std::int64_t l = chunk.first, last = last_of(chunk, n_blocks()); l < last; ++l)
+      blocks_[static_cast<std::size_t>(l)].declare(specs);
+  if (chunks.back().head) {
     head_.declare(specs);
     if (mtp_) mtp_->declare(specs);
   }
@@ -58,13 +64,38 @@ void Transformer::bind(const ParamStore& params) {
 }
 
 void Transformer::bind(const ParamStore& params, const StageBlocks& stage) {
-  const std::int64_t last = last_of(stage, n_blocks());
-  if (stage.embedding) embedding_.bind(params);
-  for (std::int64_t l = stage.first; l < last; ++l)
-    blocks_[static_cast<std::size_t>(l)].bind(params);
-  if (stage.head) {
+  bind(params, std::vector<StageBlocks>{stage});
+}
+
+void Transformer::bind(const ParamStore& params, const std::vector<StageBlocks>& chunks) {
+  check_chunks(chunks);
+  if (chunks.front().embedding) embedding_.bind(params);
+  for (const StageBlocks& chunk : chunks)
+    for (std::int64_t l = chunk.first, last = last_of(chunk, n_blocks()); l < last; ++l)
+      blocks_[static_cast<std::size_t>(l)].bind(params);
+  if (chunks.back().head) {
     head_.bind(params);
     if (mtp_) mtp_->bind(params);
+  }
+}
+
+void Transformer::check_chunks(const std::vector<StageBlocks>& chunks) const {
+  if (chunks.empty()) throw Error("model: a pipeline rank holds at least one chunk of blocks");
+  std::int64_t end = 0;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const StageBlocks& chunk = chunks[c];
+    const std::int64_t last = last_of(chunk, n_blocks());
+    // Ascending, apart: the flat buffer holds them in the model's order, and a backward's
+    // ready(offset) covers everything after its blocks.
+    if (c > 0 && chunk.first < end)
+      throw Error("model: chunk " + std::to_string(c) + "'s blocks [" +
+                  std::to_string(chunk.first) + ", " + std::to_string(last) +
+                  ") do not follow the previous chunk's (up to " + std::to_string(end) + ")");
+    if ((c > 0 && chunk.embedding) || (c + 1 < chunks.size() && chunk.head))
+      throw Error(
+          "model: only a rank's first chunk holds the embedding and only its last the "
+          "head");
+    end = last;
   }
 }
 
@@ -72,8 +103,8 @@ StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_
   const std::vector<std::int64_t> layers = config::pipeline_stage_layers(config);
   const auto P = static_cast<int>(layers.size());
   if (stage < 0 || stage >= P || slots < 1)
-    throw Error("model: no pipeline stage " + std::to_string(stage) + " of " + std::to_string(P) +
-                " with " + std::to_string(slots) + " activation records");
+    throw Error("model: no (virtual) pipeline stage " + std::to_string(stage) + " of " +
+                std::to_string(P) + " with " + std::to_string(slots) + " activation records");
   StageBlocks s;
   for (int i = 0; i < stage; ++i)
     s.first += layers[static_cast<std::size_t>(i)];
@@ -87,6 +118,31 @@ StageBlocks stage_blocks(const config::RunConfig& config, int stage, std::int64_
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m, const StageBlocks& s,
                                               const TensorSlice& tp, const ExpertSlice& ep) {
   return Transformer(m, tp, ep).parameter_layout(s);
+}
+
+int pipeline_chunks(const config::RunConfig& config) {
+  return config.parallel.pipeline > 1 ? static_cast<int>(config.parallel.virtual_stages) : 1;
+}
+
+std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
+                                     std::int64_t micro_batches) {
+  const auto P = static_cast<int>(config.parallel.pipeline);
+  const int V = pipeline_chunks(config);
+  if (rank < 0 || rank >= P)
+    throw Error("model: no pipeline rank " + std::to_string(rank) + " of " + std::to_string(P));
+  const std::vector<std::int64_t> records =
+      micro_batches > 0 ? chunk_in_flight(P, rank, V, micro_batches)
+                        : std::vector<std::int64_t>(static_cast<std::size_t>(V), 1);
+  std::vector<StageBlocks> out;
+  for (int c = 0; c < V; ++c)
+    out.push_back(stage_blocks(config, c * P + rank, records[static_cast<std::size_t>(c)]));
+  return out;
+}
+
+std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m,
+                                              const std::vector<StageBlocks>& chunks,
+                                              const TensorSlice& tp, const ExpertSlice& ep) {
+  return Transformer(m, tp, ep).parameter_layout(chunks);
 }
 
 namespace {

@@ -41,10 +41,16 @@ class Transformer {
   std::vector<ParamSpec> parameter_layout() const;
   /// The parameters of a pipeline stage's layers only (model/stage.hpp), in the same order.
   std::vector<ParamSpec> parameter_layout(const StageBlocks& stage) const;
+  /// Those of a pipeline rank's chunks (the interleaved schedule: several, ascending and
+  /// apart; the embedding only with the first, the head only with the last): the
+  /// embedding, each chunk's blocks in turn, the head. Throws dst::Error for chunks out of
+  /// order.
+  std::vector<ParamSpec> parameter_layout(const std::vector<StageBlocks>& chunks) const;
   /// Resolves every layer's parameters in `params` by name.
   void bind(const ParamStore& params);
   /// Resolves those of a stage's layers only (the others are not in its store).
   void bind(const ParamStore& params, const StageBlocks& stage);
+  void bind(const ParamStore& params, const std::vector<StageBlocks>& chunks);
 
   /// This rank's tensor-parallel slice of the layers ({0, 1}: the whole layers).
   const TensorSlice& tensor_slice() const { return tp_; }
@@ -71,6 +77,7 @@ class Transformer {
                        const OnReady& ready) const;
 
  private:
+  void check_chunks(const std::vector<StageBlocks>& chunks) const;
   TensorSlice tp_;
   ExpertSlice ep_;
   Embedding embedding_;

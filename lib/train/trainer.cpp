@@ -19,9 +19,9 @@
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
 #include "core/step_context.hpp"
+#include "model/pipeline_schedule.hpp"
 #include "runtime/signals.hpp"
 #include "tensor/memory.hpp"
-#include "train/pipeline_schedule.hpp"
 #include "train/schedule.hpp"
 
 namespace dst::train {
@@ -112,13 +112,27 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       (config.parallel.zero_stage == 0 || options.grad_comm == runtime::CommBackend::mpi);
   const model::ExpertSlice experts{expert_storage_ ? groups.expert_rank : 0,
                                    expert_storage_ ? layout.expert : 1};
-  model::StageBlocks stage = model::StageBlocks::whole();
+  // Under the interleaved schedule the rank holds `chunks_` chunks of blocks, each with
+  // the records its micro-batches in flight need (model::rank_chunks).
+  std::vector<model::StageBlocks> chunks{model::StageBlocks::whole()};
   if (stages_ > 1) {
     if (tensor::device_of(ctx_) != tensor::Device::host)
       throw Error("trainer: parallel.pipeline " + std::to_string(stages_) +
                   " needs the model in host memory (stages send host buffers over MPI)");
-    slots_ = max_in_flight(stages_, stage_, layout.grad_accum_steps);
-    stage = model::stage_blocks(config, stage_, slots_);
+    chunks_ = model::pipeline_chunks(config);
+    chunks = model::rank_chunks(config, stage_, layout.grad_accum_steps);
+    if (groups.world->rank() == 0) {
+      std::ostringstream os;
+      os << "pipeline: " << stages_ << " stages, "
+         << (chunks_ > 1 ? "interleaved, " + std::to_string(chunks_) + " chunks per stage"
+                         : std::string("1f1b"))
+         << ", " << layout.grad_accum_steps << " micro-batches per step; bubble "
+         << model::bubble_fraction(stages_, layout.grad_accum_steps, chunks_) << "; stage 0 holds";
+      for (const model::StageBlocks& c : chunks)
+        os << (&c == &chunks.front() ? " " : ", ") << "blocks [" << c.first << ", " << c.last
+           << ") x " << c.slots << " records";
+      log::info(os.str());
+    }
   }
   if (tensor_ > 1 && tensor::device_of(ctx_) != tensor::Device::host)
     throw Error("trainer: parallel.tensor " + std::to_string(tensor_) +
@@ -131,14 +145,19 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                                                        tensor::Arena::Mode::plan);
     for (int s = 0; s < stages_; ++s)
       stage_specs_.push_back(
-          model::ParamStore(model::stage_parameter_layout(
-                                config.model, stages_ > 1 ? model::stage_blocks(config, s, 1)
-                                                          : model::StageBlocks::whole()),
-                            tensor::Arena::Mode::plan)
+          model::ParamStore(
+              model::stage_parameter_layout(
+                  config.model, stages_ > 1 ? model::rank_chunks(config, s, 0) : chunks),
+              tensor::Arena::Mode::plan)
               .specs());
+    // Where each stage's tensors stand in the whole model (the interleaved schedule's
+    // chunks leave them out of the model's order).
+    for (const auto& specs : stage_specs_)
+      for (const model::ParamSpec& spec : specs)
+        model_index_.push_back(full_layout_->index_of(spec.name));
   }
   const std::size_t stage_elements = model::flat_buffer_elements(
-      model::stage_parameter_layout(config.model, stage, slice, experts));
+      model::stage_parameter_layout(config.model, chunks, slice, experts));
   const auto step = [&](const char* what, double timeout_s) {
     return options.watchdog
                ? std::make_unique<runtime::StartupStep>(*options.watchdog, what, timeout_s)
@@ -202,7 +221,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       storage_type(config.training.precision), config.debug.deterministic,
       shared_ ? shared_->local(kGradBuffer) : static_cast<float*>(grad_pages_.get()),
       shared_ ? shared_->local(kParamBuffer) : nullptr, config.training.recompute, master_shard_,
-      stage, slice, experts);
+      chunks, slice, experts);
   // Tensor parallelism: every forward and backward reduces over the tensor group.
   if (tensor_ > 1) {
     // Replicated key/value heads: their holders' group must be the one the model needs.
@@ -222,10 +241,10 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   moe_ = model_->moe_blocks() > 0;
   if (stages_ > 1) {
     for (int s = 0; s < stages_; ++s) {
-      const model::StageBlocks b = model::stage_blocks(config, s, 1);
       std::size_t n = 0;
-      for (std::int64_t l = b.first; l < b.last; ++l)
-        n += config.model.moe_layer(l) ? 1 : 0;
+      for (const model::StageBlocks& b : model::rank_chunks(config, s, 0))
+        for (std::int64_t l = b.first; l < b.last; ++l)
+          n += config.model.moe_layer(l) ? 1 : 0;
       stage_moe_blocks_.push_back(n);
     }
     moe_ = std::accumulate(stage_moe_blocks_.begin(), stage_moe_blocks_.end(), std::size_t{0}) > 0;
@@ -299,7 +318,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                                              config.parallel.overlap, ctx_);
   // Faults::gradient_poison goes into the first gradient of the last block's MLP output
   // (an MoE block's: its first routed expert's); with stages, of this stage's last block.
-  const std::int64_t last_block = model_->stage().last - 1;
+  const std::int64_t last_block = model_->chunks().back().last - 1;
   // (Expert parallelism: this rank's first expert.)
   const std::string poisoned =
       config.model.moe_layer(last_block)
@@ -558,7 +577,8 @@ StepStats Trainer::step() {
   }
   if (stages_ > 1) {
     // Every stage's per-tensor sums (one all-gather over the pipeline group), added in the
-    // whole model's order, which is the stages' in turn: a one-stage run's bits.
+    // whole model's order (the stages' in turn; not with interleaved chunks): a one-stage
+    // run's bits.
     std::vector<std::size_t> counts;
     for (const auto& specs : stage_specs_)
       counts.push_back(specs.size());
@@ -568,8 +588,11 @@ StepStats Trainer::step() {
       at += counts[static_cast<std::size_t>(s)];
     std::copy(per_tensor.begin(), per_tensor.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
     groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
+    std::vector<double> in_order(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i)
+      in_order[model_index_[i]] = all[i];
     sum_of_squares = 0.0;
-    for (const double v : all)
+    for (const double v : in_order)
       sum_of_squares += v;
   }
   st.grad_norm = std::sqrt(sum_of_squares) * scale;
@@ -766,11 +789,15 @@ double Trainer::receive_from(int stage, const tensor::Tensor& t, int tag) {
     // beside data parallelism.
     comm::RankCoords peer = comm::rank_coords(groups_.world->rank(), layout_);
     peer.pipeline = stage;
-    throw TimeoutError("pipeline stage " + std::to_string(stage_) + " waiting for the " +
-                       (tag % 2 == 0 ? "activations" : "activation gradients") +
-                       " of micro-batch " + std::to_string(tag / 2 + 1) + " from stage " +
-                       std::to_string(stage) + " (world rank " +
-                       std::to_string(comm::world_rank_of(peer, layout_)) + "): " + e.what());
+    // The tag: 2 (micro-batch x chunks + the receiving chunk) + direction.
+    const int unit = tag / 2;
+    throw TimeoutError(
+        "pipeline stage " + std::to_string(stage_) + " waiting for the " +
+        (tag % 2 == 0 ? "activations" : "activation gradients") + " of micro-batch " +
+        std::to_string(unit / chunks_ + 1) +
+        (chunks_ > 1 ? " (chunk " + std::to_string(unit % chunks_) + ")" : std::string()) +
+        " from stage " + std::to_string(stage) + " (world rank " +
+        std::to_string(comm::world_rank_of(peer, layout_)) + "): " + e.what());
   }
   return since(t0);
 }
@@ -799,25 +826,43 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   const std::int64_t T = cfg_.data.seq_len;
   const std::size_t sample_len = static_cast<std::size_t>(T + 1);
   const std::int64_t m = layout_.grad_accum_steps;
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   double waited = 0.0;
   // The balance loss of this stage's MoE blocks, micro-batch-major (blocks within).
   const std::size_t own_blocks = moe_ ? stage_moe_blocks_[static_cast<std::size_t>(stage_)] : 0;
   stage_aux_.assign(static_cast<std::size_t>(m) * own_blocks, 0.0);
-  for (const PipeOp& op : one_f_one_b(stages_, stage_, m)) {
-    const auto slot = static_cast<std::size_t>(op.micro % slots_);
-    const int tag = static_cast<int>(2 * op.micro) + (op.kind == PipeOp::Kind::backward ? 1 : 0);
-    if (op.kind == PipeOp::Kind::forward) {
+  // Virtual stage c x P + p runs chunk c of rank p (one chunk under 1F1B): a chunk's
+  // input comes from the previous virtual stage (rank p - 1's chunk c, or rank P - 1's
+  // chunk c - 1 on rank 0), its output goes to the next. A message's tag names the
+  // receiving chunk's micro-batch and direction.
+  const int V = chunks_, P = stages_;
+  const int previous = (stage_ + P - 1) % P, next = (stage_ + 1) % P;
+  const auto tag_of = [&](std::int64_t micro, int chunk, bool backward) {
+    return static_cast<int>(2 * (micro * V + chunk)) + (backward ? 1 : 0);
+  };
+  const auto label = [&](const model::PipeOp& op) {
+    return std::to_string(op.micro + 1) + "/" + std::to_string(m) +
+           (V > 1 ? " (chunk " + std::to_string(op.chunk) + ")" : std::string());
+  };
+  for (const model::PipeOp& op : model::interleaved(P, stage_, V, m)) {
+    const std::size_t record = model_->record(op.chunk, op.micro);
+    const bool first = stage_ == 0 && op.chunk == 0;
+    const bool last = stage_ == P - 1 && op.chunk == V - 1;
+    // The neighbouring chunks: the previous virtual stage's is chunk - 1 on rank P - 1 when
+    // this is rank 0, the next one's chunk + 1 on rank 0 when this is rank P - 1.
+    const int previous_chunk = stage_ == 0 ? op.chunk - 1 : op.chunk;
+    const int next_chunk = stage_ == P - 1 ? op.chunk + 1 : op.chunk;
+    if (op.kind == model::PipeOp::Kind::forward) {
       core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
-                              ": forward of micro-batch " + std::to_string(op.micro + 1) + "/" +
-                              std::to_string(m));
+                              ": forward of micro-batch " + label(op));
       const std::int32_t* mb =
           batch_.data() + static_cast<std::size_t>(op.micro * micro) * sample_len;
       split_rows(mb, micro, T, tokens_.data(), targets_.data());
-      if (!first) waited += receive_from(stage_ - 1, model_->stage_input(slot), tag);
+      if (!first)
+        waited +=
+            receive_from(previous, model_->stage_input(record), tag_of(op.micro, op.chunk, false));
       std::int64_t v = 0;
       loss_sum +=
-          model_->stage_forward(slot, tokens_.data(), targets_.data(), backward_scale, true, &v);
+          model_->stage_forward(record, tokens_.data(), targets_.data(), backward_scale, true, &v);
       valid += v;
       if (own_blocks > 0) {
         const std::vector<double> terms = model_->last_aux_losses();
@@ -825,16 +870,19 @@ void Trainer::pipeline_micro_batches(float backward_scale,
                   stage_aux_.begin() + static_cast<std::ptrdiff_t>(op.micro * own_blocks));
       }
       st.t_forward += model_->last_forward_seconds();
-      if (!last) send_to(stage_ + 1, model_->stage_output(slot), tag);
+      if (!last) send_to(next, model_->stage_output(record), tag_of(op.micro, next_chunk, false));
     } else {
       core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
-                              ": backward of micro-batch " + std::to_string(op.micro + 1) + "/" +
-                              std::to_string(m));
-      if (!last) waited += receive_from(stage_ + 1, model_->stage_gradient(), tag);
-      model_->stage_backward(slot,
+                              ": backward of micro-batch " + label(op));
+      if (!last)
+        waited += receive_from(next, model_->stage_gradient(), tag_of(op.micro, op.chunk, true));
+      // The gradient buckets start during the last micro-batch's backward of each chunk
+      // (the chunks' parameters lie in the flat buffer in the order their backwards end).
+      model_->stage_backward(record,
                              op.micro + 1 == m ? on_ready : std::function<void(std::size_t)>());
       st.t_backward += model_->last_backward_seconds();
-      if (!first) send_to(stage_ - 1, model_->stage_gradient(), tag);
+      if (!first)
+        send_to(previous, model_->stage_gradient(), tag_of(op.micro, previous_chunk, true));
     }
     settle_sends(false);
   }

@@ -309,14 +309,15 @@ class Trainer {
   bool moe_ = false;
   std::vector<std::size_t> stage_moe_blocks_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
-  /// Stages, this rank's stage, and the activation records it keeps (micro-batches in
-  /// flight under 1F1B).
+  /// Stages, this rank's stage, and its model chunks (the interleaved schedule's V, else 1).
   int stages_ = 1, stage_ = 0;
-  std::int64_t slots_ = 1;
+  int chunks_ = 1;
   /// The whole model's layout (plan mode), and each stage's parameter specs (offsets of
   /// its own store): a checkpoint's tensors are every stage's, gathered.
   std::unique_ptr<model::ParamStore> full_layout_;
   std::vector<std::vector<model::ParamSpec>> stage_specs_;
+  /// The whole-model index of each of stage_specs_' tensors, stage 0's first.
+  std::vector<std::size_t> model_index_;
   /// Sends to a neighbouring stage in flight, each with its own copy of the data; waited
   /// before the step ends.
   struct PendingSend {
@@ -340,7 +341,8 @@ class Trainer {
   double receive_from(int stage, const tensor::Tensor& t, int tag);
   /// Waits every send in flight (all = false: only drops those complete); the seconds.
   double settle_sends(bool all);
-  /// The 1F1B order of this stage over the step's micro-batches (train/pipeline_schedule):
+  /// The 1F1B or interleaved order of this stage over the step's micro-batches
+  /// (model/pipeline_schedule):
   /// adds the loss sum and its tokens (last stage) and the phase timers; keeps the balance
   /// loss of this stage's MoE blocks per micro-batch in stage_aux_.
   void pipeline_micro_batches(float backward_scale,

@@ -4,23 +4,32 @@ end to end on the tiny model (4 blocks), the same global batch (micro-batch 2 x 
 micro-batches = 8 sequences) in every layout, 10 steps:
 
   PP=2, PP=4, PP=2 with blocks [1, 3],
-  PP=2 with training.recompute full       vs PP=1: bit-identical losses, norms, final-params.h5
+  PP=2 with training.recompute full,
+  PP=2 interleaved (2 chunks per rank),
+  the same with recompute selective       vs PP=1: bit-identical losses, norms, final-params.h5
+  DP=2 x PP=2 interleaved                 vs DP=2: bit-identical
+  DP=2 x PP=2 interleaved, ZeRO 1 (mpi)   vs DP=2 x PP=2, ZeRO 0 (mpi): bit-identical
   DP=2 x PP=2 on 4 ranks                  vs DP=2 on 2 ranks: bit-identical;
                                           vs 1 rank: losses 1e-5 relative, parameters 1e-5
                                           relative L2 (data parallelism sums in another order)
   DP=2 x PP=2, ZeRO 2 (mpi)               vs DP=2 x PP=2, ZeRO 0 (mpi): bit-identical
-  the PP=2 checkpoint at step 5           == PP=1's, tensor by tensor, bit for bit
-  it resumes on PP=1 and PP=4             == PP=1's steps 6-10 bit for bit; on DP=2 within
+  the PP=2 checkpoint at step 5           == PP=1's, tensor by tensor, bit for bit (and the
+                                          interleaved run's)
+  it resumes on PP=1, PP=4 and PP=2
+  interleaved; the interleaved one on
+  PP=2 1f1b                               == PP=1's steps 6-10 bit for bit; on DP=2 within
                                           the bounds above
   a hung stage (debug.inject_hang_rank)   ends the job within the deadline (exit 4) naming
-                                          the receive, the stage and the peer
+                                          the receive, the stage and the peer (interleaved:
+                                          and the chunk)
   a NaN gradient on stage 1 (abort)       exit 6 naming the rank, the stage and the tensor
   a replica of stage 1 diverged           the consistency check stops every rank (exit 6)
 
 Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
-micro-batches; its gradient accumulates the same micro-batches in the same order (1F1B
-runs backwards in micro-batch order); the loss sums add +0 from the other stages; the
-gradient norm adds every stage's per-tensor sums in the whole model's order. Nothing
+micro-batches; its gradient accumulates the same micro-batches in the same order (1F1B,
+and each chunk of the interleaved schedule, run backwards in micro-batch order); the loss
+sums add +0 from the other stages; the gradient norm adds every stage's per-tensor sums
+in the whole model's order (which the interleaved chunks are not in). Nothing
 changes the order of a floating-point sum, so any difference is a bug (a wrong
 activation or gradient sent, a micro-batch run twice or missed, a stage's state lost
 in a checkpoint), which moves the losses by far more than rounding.
@@ -108,6 +117,21 @@ def main():
                                        "parallel.zero_stage=2"], lay.format(2, 2))
     same_bits("DP=2 x PP=2 ZeRO 2 vs ZeRO 0 (mpi)", mpi2, mpi0)
 
+    # The interleaved schedule (2 chunks per rank: rank 0 holds blocks 0 and 2, rank 1
+    # blocks 1 and 3; 4 micro-batches, groups of 2): the same bits again.
+    inter = ["parallel.pipeline=2", "parallel.pipeline_schedule=interleaved",
+             "parallel.virtual_stages=2"]
+    inter_out, *pp2v2 = run("pp2v2", 2, inter, lay.format(1, 2))
+    same_bits("PP=2 interleaved (V=2) vs PP=1", pp2v2, pp1)
+    _, *v2rec = run("pp2v2-recompute", 2, inter + ["training.recompute=selective"],
+                    lay.format(1, 2))
+    same_bits("PP=2 interleaved, recompute selective vs PP=1", v2rec, pp1)
+    _, *v2dp = run("dp2pp2v2", 4, inter, lay.format(2, 2))
+    same_bits("DP=2 x PP=2 interleaved vs DP=2", v2dp, dp2)
+    _, *v2zero = run("dp2pp2v2-zero1", 4, inter + ["parallel.backend=mpi", "parallel.zero_stage=1"],
+                     lay.format(2, 2))
+    same_bits("DP=2 x PP=2 interleaved ZeRO 1 vs 1f1b ZeRO 0 (mpi)", v2zero, mpi0)
+
     # The checkpoints hold the whole model whatever the layout: PP=2's == PP=1's.
     ck = "checkpoints/step-5.h5"
     with h5py.File(os.path.join(pp1_out, ck), "r") as a, \
@@ -124,6 +148,14 @@ def main():
                             f"{len(names)}, {len(differing)} differ")
         else:
             print(f"checkpoint step 5: PP=2 == PP=1 ({len(names)} tensors, bit for bit)")
+        with h5py.File(os.path.join(inter_out, ck), "r") as c:
+            differing = [n for n in names if n not in c or not np.array_equal(a[n][()], c[n][()])]
+            if differing:
+                problems.append(f"checkpoint step 5: interleaved PP=2's {len(differing)} tensors "
+                                f"differ from PP=1's (first {differing[0]})")
+            else:
+                print(f"checkpoint step 5: PP=2 interleaved == PP=1 ({len(names)} tensors, bit "
+                      "for bit)")
 
     resume = f"checkpoint.resume={os.path.join(pp2_out, ck)}"
     _, *r1 = run("resume-pp1", 1, [resume], lay.format(1, 1))
@@ -132,6 +164,11 @@ def main():
     same_bits("PP=2 checkpoint resumed on PP=4 vs PP=1", r4, pp1, first_step=6)
     _, *rd = run("resume-dp2", 2, [resume], lay.format(2, 1))
     within("PP=2 checkpoint resumed on DP=2 vs PP=1", rd, pp1, first_step=6)
+    _, *rv = run("resume-pp2v2", 2, [resume] + inter, lay.format(1, 2))
+    same_bits("PP=2 checkpoint resumed on PP=2 interleaved vs PP=1", rv, pp1, first_step=6)
+    resume_inter = f"checkpoint.resume={os.path.join(inter_out, ck)}"
+    _, *r2 = run("resume-v2-pp2", 2, [resume_inter, "parallel.pipeline=2"], lay.format(1, 2))
+    same_bits("PP=2 interleaved checkpoint resumed on PP=2 1f1b vs PP=1", r2, pp1, first_step=6)
 
     # A hung stage: rank 1 (stage 1) stops after the first checkpoint; stage 0 waits for
     # its activation gradients and ends the job at the deadline, naming what and whom.
@@ -150,6 +187,24 @@ def main():
     else:
         print(f"hang: stage 1 hung, the job ended in {took:.1f} s (deadline {TIMEOUT_S} s) "
               "naming the receive and the peer")
+
+    # Interleaved: stage 0's warm-up needs its second chunk's input from stage 1 (the
+    # output of stage 1's first chunk), and names the chunk.
+    _, r, took = launch("hang-v2", 2, inter + ["debug.inject_hang_rank=1",
+                                               f"parallel.timeout_s={TIMEOUT_S}"])
+    text = r.stdout + r.stderr
+    wants = ["pipeline stage 0 waiting for the activations of micro-batch 1 (chunk 1) from stage 1 "
+             "(world rank 1)",
+             "recv (tag 2) of 32768 x f32 (131072 B) from rank 1 on group 'pipeline' (2 ranks) did "
+             f"not complete within {TIMEOUT_S} s"]
+    missing = [w for w in wants if w not in text]
+    if r.returncode != 4 or missing or took > 60:
+        print(text)
+        problems.append(f"hang (interleaved): exit {r.returncode} (want 4) after {took:.1f} s "
+                        f"(bound 60 s); missing from the log: {missing}")
+    else:
+        print(f"hang (interleaved): stage 1 hung, the job ended in {took:.1f} s naming the "
+              "receive, the chunk and the peer")
 
     # A NaN in the last rank's gradient (stage 1 of DP=2 x PP=2): every rank stops alike,
     # naming the rank, its stage and the tensor.
@@ -180,8 +235,8 @@ def main():
         print("\n".join(problems))
         print("FAILED: pipeline parallelism does not give the one-stage run")
         return 1
-    print("pipeline: PP=2 == PP=4 == PP=1 bit for bit; DP=2 x PP=2 == DP=2; checkpoints resume "
-          "across layouts")
+    print("pipeline: PP=2 == PP=4 == PP=2 interleaved == PP=1 bit for bit; DP=2 x PP=2 == DP=2; "
+          "checkpoints resume across layouts")
     return 0
 
 

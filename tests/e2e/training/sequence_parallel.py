@@ -14,6 +14,7 @@ layout, 10 steps:
                                               5e-5
   TP=2 + SP, training.recompute full          vs TP=2 + SP: bit-identical
   TP=2 + SP, training.recompute selective     vs TP=2 + SP: bit-identical
+  TP=2 + SP x PP=2 interleaved (2 chunks)     vs TP=2 + SP: bit-identical
   DP=2 x TP=2 + SP, ZeRO 2 (mpi)              vs DP=2 x TP=2 + SP (mpi): bit-identical
   the TP=2 + SP checkpoint at step 5          resumes on 1 rank and on TP=4 + SP: steps
                                               6-10 within the bounds of TP=2 + SP's
@@ -96,6 +97,10 @@ def main():
     _, *three = run("dp2tp2pp2-sp", 8, ["parallel.tensor=2", "parallel.pipeline=2"] + SP,
                     lay.format(2, 2, 2))
     within("DP=2 x TP=2 x PP=2 + SP (8 ranks) vs 1 rank", three, one)
+    _, *inter = run("tp2pp2v2-sp", 4, ["parallel.tensor=2", "parallel.pipeline=2",
+                                        "parallel.pipeline_schedule=interleaved",
+                                        "parallel.virtual_stages=2"] + SP, lay.format(1, 2, 2))
+    same_bits("TP=2 + SP x PP=2 interleaved (4 ranks) vs TP=2 + SP", inter, sp2)
     kv2 = ["model.n_kv_heads=2"]
     _, *kv1r = run("kv2-tp1", 1, kv2, lay.format(1, 1, 1))
     _, *kv4 = run("kv2-sp4", 4, kv2 + ["parallel.tensor=4"] + SP, lay.format(1, 4, 1))

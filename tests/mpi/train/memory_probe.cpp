@@ -11,8 +11,11 @@
 // touches a part of, and Pss counts each shared page once over the ranks that map it, as
 // the plan does. OpenBLAS's own buffers are made by a warm-up product before the baseline,
 // since they are not the run's.
-// usage: memory_probe PRESET MICRO_BATCH RECOMPUTE BACKEND [ZERO_STAGE]
-//        (BACKEND: mpi | shm; ZERO_STAGE: parallel.zero_stage, 0 when absent)
+// usage: memory_probe PRESET MICRO_BATCH RECOMPUTE BACKEND [ZERO_STAGE [EXPERT [TENSOR
+//        [SEQUENCE_PARALLEL [PIPELINE [CHUNKS]]]]]]
+//        (BACKEND: mpi | shm; ZERO_STAGE: parallel.zero_stage, 0 when absent; PIPELINE:
+//        stages, each rank against its own stage's plan, 4 micro-batches per step; CHUNKS:
+//        parallel.virtual_stages, the interleaved schedule when > 1)
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
 
@@ -73,25 +76,32 @@ class FormulaStore final : public dst::train::SampleStore {
 };
 
 int probe(int argc, char** argv, int rank, int world) {
-  if (argc < 5 || argc > 9) {
+  if (argc < 5 || argc > 11) {
     if (rank == 0)
       std::fprintf(stderr,
                    "usage: memory_probe PRESET MICRO_BATCH RECOMPUTE mpi|shm [ZERO [EXPERT "
-                   "[TENSOR [SEQUENCE_PARALLEL 0|1]]]]\n");
+                   "[TENSOR [SEQUENCE_PARALLEL 0|1 [PIPELINE [CHUNKS]]]]]]\n");
     return 2;
   }
   const std::string preset = argv[1], micro = argv[2], recompute = argv[3], backend = argv[4];
   const std::string zero = argc >= 6 ? argv[5] : "0";
   const std::string expert = argc >= 7 ? argv[6] : "1";
   const std::string tensor = argc >= 8 ? argv[7] : "1";
-  const bool sequence = argc == 9 && std::string(argv[8]) == "1";
+  const bool sequence = argc >= 9 && std::string(argv[8]) == "1";
+  const int pipeline = argc >= 10 ? std::stoi(argv[9]) : 1;
+  const int chunks = argc >= 11 ? std::stoi(argv[10]) : 1;
+  // With stages, 4 micro-batches a step (a multiple of the stages, as interleaved needs).
+  const int accumulation = pipeline > 1 ? 4 : 1;
   const auto cfg = dst::config::load_deck_text(
       "model: {preset: " + preset + "}\ntraining: {micro_batch_size: " + micro +
-          ", global_batch_size: " + std::to_string(std::stoi(micro) * world / std::stoi(tensor)) +
+          ", global_batch_size: " +
+          std::to_string(std::stoi(micro) * world / std::stoi(tensor) / pipeline * accumulation) +
           ", max_steps: 2, recompute: " + recompute + "}\nparallel: {backend: " + backend +
           ", zero_stage: " + zero + ", expert: " + expert + ", tensor: " + tensor +
           ", sequence_parallel: " + (sequence ? "true" : "false") +
-          "}\ndebug: {consistency_every: 0}\n",
+          ", pipeline: " + std::to_string(pipeline) +
+          ", pipeline_schedule: " + (chunks > 1 ? "interleaved" : "1f1b") +
+          ", virtual_stages: " + std::to_string(chunks) + "}\ndebug: {consistency_every: 0}\n",
       "memory_probe");
   const dst::config::Layout layout = dst::config::resolve_layout(cfg, world);
   dst::comm::ProcessGroups groups = dst::comm::make_process_groups(MPI_COMM_WORLD, layout, 120.0);
@@ -124,7 +134,13 @@ int probe(int argc, char** argv, int rank, int world) {
   const long transient = after.hwm > base.hwm ? after.hwm - std::max(base.hwm, after.rss) : 0;
   const double measured_mib =
       static_cast<double>(after.pss - base.pss + std::max(0L, transient)) / 1024.0;
-  const double plan_mib = static_cast<double>(plan.memory.total()) / 1048576.0;
+  // Stages: each rank against its own stage's plan (plan.memory is the heaviest one's).
+  const double plan_mib =
+      static_cast<double>(
+          pipeline > 1
+              ? plan.stages.at(static_cast<std::size_t>(groups.pipeline_rank)).memory.total()
+              : plan.memory.total()) /
+      1048576.0;
   const double ratio = measured_mib / plan_mib;
 
   std::vector<double> ratios(static_cast<std::size_t>(world)), mibs(ratios.size());
@@ -136,13 +152,17 @@ int probe(int argc, char** argv, int rank, int world) {
     const auto [mlo, mhi] = std::minmax_element(mibs.begin(), mibs.end());
     ok = *lo > 0.9 && *hi < 1.1;
     std::printf(
-        "memory_probe %s micro-batch %s recompute %s zero %d%s%s%s np%d %s: planned %.1f MiB on "
+        "memory_probe %s micro-batch %s recompute %s zero %d%s%s%s%s np%d %s: planned %.1f MiB on "
         "rank "
         "0 "
         "(activations %.1f, recomputed %.1f), measured %.1f .. %.1f MiB (ratio %.3f .. %.3f)%s\n",
         preset.c_str(), micro.c_str(), recompute.c_str(), static_cast<int>(cfg.parallel.zero_stage),
         expert == "1" ? "" : (" expert " + expert).c_str(),
         tensor == "1" ? "" : (" tensor " + tensor).c_str(), sequence ? " sequence-parallel" : "",
+        pipeline == 1 ? ""
+                      : (" pipeline " + std::to_string(pipeline) +
+                         (chunks > 1 ? " interleaved " + std::to_string(chunks) : std::string()))
+                            .c_str(),
         world, shm ? "shm" : "mpi", plan_mib,
         static_cast<double>(plan.memory.activations) / 1048576.0,
         static_cast<double>(plan.memory.recompute) / 1048576.0, *mlo, *mhi, *lo, *hi,

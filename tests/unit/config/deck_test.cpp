@@ -763,6 +763,17 @@ TEST(DeckPipeline, StagesAndTheirBlocks) {
   EXPECT_EQ(dst::config::pipeline_stage_layers(uneven), (std::vector<std::int64_t>{1, 4}));
   EXPECT_EQ(load("run: {}\n", {"parallel.pipeline_schedule=1f1b"}).parallel.pipeline_schedule,
             dst::config::PipelineSchedule::one_f_one_b);
+  // Interleaved: one entry per virtual stage, chunk c of rank p being virtual stage c P + p.
+  const RunConfig virt = load(
+      "model: {n_layers: 7}\nparallel: {pipeline: 2, pipeline_schedule: interleaved, "
+      "virtual_stages: 3}\n");
+  EXPECT_EQ(dst::config::pipeline_stage_layers(virt),
+            (std::vector<std::int64_t>{2, 1, 1, 1, 1, 1}));
+  const RunConfig virt_uneven = load(
+      "parallel: {pipeline: 2, pipeline_schedule: interleaved, virtual_stages: 2, "
+      "pipeline_layers: [1, 1, 1, 1]}\n");
+  EXPECT_EQ(dst::config::pipeline_stage_layers(virt_uneven),
+            (std::vector<std::int64_t>{1, 1, 1, 1}));
   // The layout: data x pipeline ranks.
   const RunConfig c =
       load("parallel: {pipeline: 2}\ntraining: {global_batch_size: 16, micro_batch_size: 2}\n");
@@ -793,7 +804,22 @@ TEST(DeckPipeline, RefusesWhatStagesDoNotSupport) {
   EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_layers: [1.5, 0.5]}\n"),
                        "parallel.pipeline_layers[0]"));
   EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: interleaved}\n"),
-                       "parallel.pipeline_schedule: interleaved is not supported yet"));
+                       "parallel.pipeline_schedule: parallel.pipeline_schedule: interleaved needs "
+                       "parallel.virtual_stages >= 2"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, virtual_stages: 2}\n"),
+                       "parallel.virtual_stages: parallel.virtual_stages 2 needs "
+                       "parallel.pipeline_schedule: interleaved"));
+  EXPECT_TRUE(Contains(
+      load_error("parallel: {pipeline: 2, pipeline_schedule: interleaved, virtual_stages: 3}\n"),
+      "parallel.virtual_stages: parallel.pipeline (2) x virtual_stages (3) exceeds "
+      "model.n_layers (4): every virtual stage needs at least one block"));
+  EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: interleaved, "
+                                  "virtual_stages: 2, pipeline_layers: [1, 3]}\n"),
+                       "parallel.pipeline_layers has 2 entries; it needs one per virtual stage "
+                       "(parallel.pipeline 2 x virtual_stages 2 = 4)"));
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {pipeline: 2, "
+                                  "pipeline_schedule: interleaved, virtual_stages: 2}\n"),
+                       "interleaved runs dense blocks only so far"));
   EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: gpipe}\n"),
                        "expected one of 1f1b, interleaved"));
   // Stages hold DeepSeekMoE blocks and latent attention, also with expert parallelism (the
@@ -904,6 +930,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "parallel.pipeline=1",
     "parallel.pipeline_layers=[3]",
     "parallel.pipeline_schedule=interleaved",  // refused only with more than one stage
+    "parallel.virtual_stages=2",               // (so is this)
     "parallel.expert=2",                       // divides model.n_routed_experts (8) and data (2)
     "parallel.backend=shm",                    // not nccl: zero_stage > 0 is refused with it
     "parallel.zero_stage=2",

@@ -6,6 +6,7 @@
 #include "config/deck.hpp"
 #include "core/error.hpp"
 #include "model/dense_model.hpp"
+#include "model/pipeline_schedule.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -217,6 +218,34 @@ TEST(Plan, PipelineStagesHoldTheirLayers) {
   EXPECT_EQ(staged.memory.total(), heaviest);
   pp2.pipeline = 4;
   EXPECT_THROW(dst::model::make_plan(c, pp2), dst::Error);
+
+  // Interleaved, 3 chunks per rank (6 virtual stages of 5 blocks): rank 0 holds blocks
+  // 0-4, 10-14 and 20-24 with the records chunk_in_flight gives; the bubble is a third of
+  // 1f1b's; the same parameters over the ranks; a stage boundary per chunk and direction.
+  pp2.pipeline = 2;
+  c.parallel.pipeline_schedule = dst::config::PipelineSchedule::interleaved;
+  c.parallel.virtual_stages = 3;
+  const auto inter = dst::model::make_plan(c, pp2);
+  ASSERT_EQ(inter.stages.size(), 2u);
+  EXPECT_EQ(inter.chunks, 3);
+  using Range = std::pair<std::int64_t, std::int64_t>;
+  EXPECT_EQ(inter.stages[0].chunks, (std::vector<Range>{{0, 5}, {10, 15}, {20, 25}}));
+  EXPECT_EQ(inter.stages[1].chunks, (std::vector<Range>{{5, 10}, {15, 20}, {25, 30}}));
+  EXPECT_TRUE(inter.stages[0].embedding);
+  EXPECT_TRUE(inter.stages[1].head);
+  for (int s = 0; s < 2; ++s) {
+    std::int64_t records = 0;
+    for (const std::int64_t n : dst::model::chunk_in_flight(2, s, 3, 8))
+      records += n;
+    EXPECT_EQ(inter.stages[static_cast<std::size_t>(s)].in_flight, records);
+  }
+  EXPECT_EQ(inter.stages[0].parameters + inter.stages[1].parameters, whole.params.total());
+  EXPECT_DOUBLE_EQ(inter.bubble_fraction, 1.0 / 24.0);
+  // More records in flight than 1f1b's (each of 1 / 3 of the stage's blocks): more
+  // activation memory on stage 0 (4 + 3 + 2 = 9 chunk records against 2 stage records).
+  EXPECT_GT(inter.stages[0].memory.activations, staged.stages[0].memory.activations);
+  EXPECT_LT(inter.step.compute_s, staged.step.compute_s);
+  EXPECT_GT(inter.step.comm_s, staged.step.comm_s);
 }
 
 // Stages holding DeepSeekMoE blocks (DeepSeek-V2-Lite: 27 blocks, block 0 dense): each

@@ -12,6 +12,7 @@
 #include "config/deck.hpp"
 #include "core/error.hpp"
 #include "model/dense_model.hpp"
+#include "model/pipeline_schedule.hpp"
 #include "model/transformer.hpp"
 
 namespace {
@@ -469,7 +470,7 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
     if (s < 2) copy(st[s + 1]->stage_gradient(), st[s]->stage_gradient());
     st[s]->stage_backward(static_cast<std::size_t>(s == 2 ? 0 : micro));
   };
-  // 1F1B (train/pipeline_schedule): stage 0 F0 F1 B0 B1, stage 1 F0 F1 B0 B1, stage 2 F0
+  // 1F1B (model/pipeline_schedule): stage 0 F0 F1 B0 B1, stage 1 F0 F1 B0 B1, stage 2 F0
   // B0 F1 B1; interleaved as the messages allow.
   forward(0, 0);
   forward(0, 1);
@@ -508,6 +509,100 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
   EXPECT_EQ(st[1]->moe_loads(), std::vector<double>(4, 0.0));
 }
 
+// The interleaved schedule's chunks (model/stage.hpp rank_chunks): "rank 0" holds blocks
+// {0} (with the embedding) and {2} (with the head), "rank 1" block {1}; rank 0's first
+// chunk keeps two records, as when both micro-batches are in flight before their backward.
+// Its parameters are in the model's order, and the micro-batches run through the chunks
+// in an interleaved order give the whole model's loss and gradients bit for bit.
+TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
+  const auto m = three_blocks();
+  const std::int64_t B = 2, T = 4, N = B * T;
+  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  whole.params().initialize(7);
+  whole.refresh_compute_params();
+  const auto chunk = [](std::int64_t first, bool embedding, bool head, std::int64_t slots) {
+    dst::model::StageBlocks sb;
+    sb.first = first;
+    sb.last = first + 1;
+    sb.embedding = embedding;
+    sb.head = head;
+    sb.slots = slots;
+    return sb;
+  };
+  const auto make = [&](const std::vector<dst::model::StageBlocks>& chunks) {
+    auto d = std::make_unique<DenseModel>(
+        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
+        nullptr, dst::config::Recompute::none, false, chunks);
+    d->params().initialize(7);
+    d->refresh_compute_params();
+    return d;
+  };
+  const auto r0 = make({chunk(0, true, false, 2), chunk(2, false, true, 1)});
+  const auto r1 = make({chunk(1, false, false, 2)});
+  std::vector<std::string> names;
+  for (const auto& spec : r0->params().specs())
+    names.push_back(spec.name);
+  EXPECT_EQ(names.front(), "model.embed_tokens.weight");
+  EXPECT_EQ(names[1], "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(names[1 + 9], "model.layers.2.input_layernorm.weight");
+  EXPECT_EQ(names.back(), "lm_head.weight");
+  EXPECT_EQ(r0->params().parameter_count() + r1->params().parameter_count(),
+            whole.params().parameter_count());
+  EXPECT_EQ(r0->record(0, 0), 0u);
+  EXPECT_EQ(r0->record(0, 1), 1u);
+  EXPECT_EQ(r0->record(0, 2), 0u);
+  EXPECT_EQ(r0->record(1, 1), 2u);  // chunk 1's single record follows chunk 0's two
+  EXPECT_THROW(r0->record(2, 0), dst::Error);
+  // Chunks out of order, or the head before the last chunk, are refused.
+  EXPECT_THROW(make({chunk(2, false, false, 1), chunk(0, true, false, 1)}), dst::Error);
+  EXPECT_THROW(make({chunk(0, true, true, 1), chunk(2, false, false, 1)}), dst::Error);
+
+  const auto copy = [](const Tensor& from, const Tensor& to) {
+    std::memcpy(to.data, from.data, static_cast<std::size_t>(from.numel()) * sizeof(float));
+  };
+  whole.params().zero_grads();
+  r0->params().zero_grads();
+  r1->params().zero_grads();
+  std::vector<std::vector<std::int32_t>> tokens(2), targets(2);
+  double whole_loss = 0.0, staged_loss = 0.0;
+  for (std::size_t micro = 0; micro < 2; ++micro) {
+    for (std::int64_t i = 0; i < N; ++i) {
+      const auto k = static_cast<std::int64_t>(micro);
+      tokens[micro].push_back(static_cast<std::int32_t>((i * 5 + k * 3) % 13));
+      targets[micro].push_back(static_cast<std::int32_t>((i * 7 + k) % 13));
+    }
+    whole_loss += whole.forward_backward(tokens[micro].data(), targets[micro].data(), 0.25f);
+  }
+  // Both micro-batches through chunk 0 and rank 1, then each through the head chunk and
+  // back, the backwards in micro-batch order per chunk.
+  for (std::size_t micro = 0; micro < 2; ++micro) {
+    const auto k = static_cast<std::int64_t>(micro);
+    const std::size_t a = r0->record(0, k), b = r1->record(0, k);
+    r0->stage_forward(a, tokens[micro].data(), targets[micro].data(), 0.25f, true);
+    copy(r0->stage_output(a), r1->stage_input(b));
+    r1->stage_forward(b, tokens[micro].data(), targets[micro].data(), 0.25f, true);
+  }
+  for (std::size_t micro = 0; micro < 2; ++micro) {
+    const auto k = static_cast<std::int64_t>(micro);
+    const std::size_t a = r0->record(0, k), b = r1->record(0, k), h = r0->record(1, k);
+    copy(r1->stage_output(b), r0->stage_input(h));
+    staged_loss += r0->stage_forward(h, tokens[micro].data(), targets[micro].data(), 0.25f, true);
+    r0->stage_backward(h);
+    copy(r0->stage_gradient(), r1->stage_gradient());
+    r1->stage_backward(b);
+    copy(r1->stage_gradient(), r0->stage_gradient());
+    r0->stage_backward(a);
+  }
+  EXPECT_EQ(staged_loss, whole_loss);
+  for (const DenseModel* s : {r0.get(), r1.get()})
+    for (const auto& spec : s->params().specs()) {
+      const Tensor x = s->params().grad(spec.name), y = whole.params().grad(spec.name);
+      ASSERT_EQ(x.numel(), y.numel()) << spec.name;
+      EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<std::size_t>(x.numel()) * sizeof(float)), 0)
+          << spec.name;
+    }
+}
+
 TEST(PipelineStages, StageBlocksFromTheDeck) {
   dst::config::RunConfig c;
   c.model = three_blocks();
@@ -525,6 +620,23 @@ TEST(PipelineStages, StageBlocksFromTheDeck) {
   EXPECT_EQ(dst::model::stage_blocks(c, 1, 1).first, 1);
   EXPECT_EQ(dst::model::stage_parameter_layout(c.model, dst::model::stage_blocks(c, 0, 1)).size(),
             1u + 9u);  // the embedding and one block
+  // Interleaved, 2 chunks per rank over 4 blocks: rank 0 holds virtual stages 0 and 2.
+  c.model.n_layers = 4;
+  c.parallel.pipeline_layers.clear();
+  c.parallel.pipeline_schedule = dst::config::PipelineSchedule::interleaved;
+  c.parallel.virtual_stages = 2;
+  EXPECT_EQ(dst::model::pipeline_chunks(c), 2);
+  const auto chunks = dst::model::rank_chunks(c, 0, 4);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].first, 0);
+  EXPECT_EQ(chunks[1].first, 2);
+  EXPECT_TRUE(chunks[0].embedding);
+  EXPECT_FALSE(chunks[1].head);
+  EXPECT_EQ(chunks[0].slots, dst::model::chunk_in_flight(2, 0, 2, 4)[0]);
+  EXPECT_TRUE(dst::model::rank_chunks(c, 1, 4)[1].head);
+  EXPECT_EQ(dst::model::rank_chunks(c, 1, 4)[1].slots, 1);
+  EXPECT_THROW(dst::model::rank_chunks(c, 2, 4), dst::Error);
+  EXPECT_THROW(dst::model::rank_chunks(c, 0, 3), dst::Error);  // 3 micro-batches: not groups of 2
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 /// alternates one forward and one backward until every forward is done, then runs the
 /// remaining backwards. Micro-batches go forward and backward in order 0 .. m - 1.
 ///
-/// What it guarantees (tests/unit/train/pipeline_schedule_test.cpp): every micro-batch's
+/// What it guarantees (tests/unit/model/pipeline_schedule_test.cpp): every micro-batch's
 /// forward and backward exactly once per stage, a backward after its own forward, at most
 /// min(P - s, m) micro-batches in flight on stage s (forward done, backward not yet: the
 /// activation records a stage keeps), and, run by all stages with blocking sends and
@@ -15,15 +15,15 @@
 /// `interleaved` is the order of the interleaved schedule (Narayanan et al. 2021, section
 /// 2.2; Megatron-LM's virtual pipeline): each of the P ranks holds V model chunks, chunk c of
 /// rank p being virtual stage c * P + p of P * V, so the bubble shrinks to (P - 1) / (V * m).
-/// The executor does not run it yet (parallel.pipeline_schedule interleaved is a deck
-/// error); the order and its guarantees are tested on their own so that the executor only
-/// has to follow them.
+/// The trainer runs it (parallel.pipeline_schedule interleaved, parallel.virtual_stages V):
+/// each chunk keeps one activation record per micro-batch it has in flight
+/// (chunk_in_flight).
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace dst::train {
+namespace dst::model {
 
 struct PipeOp {
   enum class Kind { forward, backward };
@@ -66,7 +66,17 @@ std::vector<PipeOp> interleaved(int stages, int stage, int chunks, std::int64_t 
 /// (the warm-up plus one, at most m * V); max_in_flight for one chunk.
 std::int64_t max_in_flight(int stages, int stage, int chunks, std::int64_t micro_batches);
 
+/// The most micro-batches each of rank `stage`'s `chunks` model chunks keeps in flight at once
+/// under `interleaved` (forward done, backward not yet), chunk 0 first: the activation
+/// records each chunk needs. Each chunk runs its micro-batches forward and backward in
+/// order 0 .. m - 1, so micro-batch i may use record i mod chunk_in_flight()[chunk]. Their
+/// sum is at least max_in_flight(stages, stage, chunks, m) (the peaks of the chunks need not
+/// coincide); the last rank's last chunk (the head's) has 1. One chunk:
+/// {max_in_flight(stages, stage, m)}.
+std::vector<std::int64_t> chunk_in_flight(int stages, int stage, int chunks,
+                                          std::int64_t micro_batches);
+
 /// "F0 F1 B0 F2 B1 B2" (tests and logs); an op of chunk c > 0 reads "F0c1".
 std::string describe(const std::vector<PipeOp>& ops);
 
-}  // namespace dst::train
+}  // namespace dst::model

@@ -1,4 +1,4 @@
-// The 1F1B and interleaved pipeline schedules (train/pipeline_schedule.hpp): every
+// The 1F1B and interleaved pipeline schedules (model/pipeline_schedule.hpp): every
 // micro-batch's forward and backward exactly once per stage (counted), dependencies between
 // stages respected (all stages simulated together with blocking neighbour transfers: no
 // deadlock), and the in-flight bound that sizes the activation records.
@@ -6,14 +6,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
-#include "train/pipeline_schedule.hpp"
+#include "model/pipeline_schedule.hpp"
 
-namespace dst::train {
+namespace dst::model {
 namespace {
 
 using Kind = PipeOp::Kind;
@@ -222,5 +223,43 @@ TEST(PipelineSchedule, InterleavedRanksTogetherNeverDeadlock) {
       }
 }
 
+// Each chunk's records: micro-batch i uses record i mod chunk_in_flight()[chunk] (what the
+// trainer does); no record may be taken while another micro-batch still holds it. The last
+// rank's last chunk (the head's) keeps one: its backward follows its forward at once.
+TEST(PipelineSchedule, ChunkRecordsAreNeverSharedByTwoMicroBatchesInFlight) {
+  for (int P = 1; P <= 5; ++P)
+    for (int V = 1; V <= 4; ++V)
+      for (std::int64_t m = P; m <= 3 * P; m += P)
+        for (int s = 0; s < P; ++s) {
+          const std::vector<std::int64_t> records = chunk_in_flight(P, s, V, m);
+          ASSERT_EQ(records.size(), static_cast<std::size_t>(V));
+          std::int64_t sum = 0;
+          std::vector<std::map<std::int64_t, std::int64_t>> held(static_cast<std::size_t>(V));
+          for (const PipeOp& op : interleaved(P, s, V, m)) {
+            const auto c = static_cast<std::size_t>(op.chunk);
+            const std::int64_t r = op.micro % records[c];
+            if (op.kind == Kind::forward) {
+              EXPECT_EQ(held[c].count(r), 0u)
+                  << "P " << P << " V " << V << " m " << m << " rank " << s << ": "
+                  << describe({op}) << " takes record " << r << " of micro-batch " << held[c][r];
+              held[c][r] = op.micro;
+            } else {
+              EXPECT_EQ(held[c].at(r), op.micro);
+              held[c].erase(r);
+            }
+          }
+          for (const std::int64_t n : records) {
+            EXPECT_GE(n, 1);
+            sum += n;
+          }
+          EXPECT_GE(sum, max_in_flight(P, s, V, m));
+          if (s == P - 1) EXPECT_EQ(records.back(), 1) << "P " << P << " V " << V << " m " << m;
+          if (V == 1) EXPECT_EQ(records[0], max_in_flight(P, s, m));
+        }
+  // Megatron's example shape, P 4, V 2, m 8: chunk 0 of rank 0 holds two groups of P.
+  EXPECT_EQ(chunk_in_flight(4, 0, 2, 8), (std::vector<std::int64_t>{8, 4}));
+  EXPECT_EQ(chunk_in_flight(4, 3, 2, 8), (std::vector<std::int64_t>{5, 1}));
+}
+
 }  // namespace
-}  // namespace dst::train
+}  // namespace dst::model

@@ -1,10 +1,10 @@
-#include "train/pipeline_schedule.hpp"
+#include "model/pipeline_schedule.hpp"
 
 #include <algorithm>
 
 #include "core/error.hpp"
 
-namespace dst::train {
+namespace dst::model {
 
 namespace {
 void check(int stages, int stage, std::int64_t micro_batches) {
@@ -92,6 +92,18 @@ std::int64_t max_in_flight(int stages, int stage, int chunks, std::int64_t micro
   return std::min<std::int64_t>(warmup + 1, micro_batches * chunks);
 }
 
+std::vector<std::int64_t> chunk_in_flight(int stages, int stage, int chunks,
+                                          std::int64_t micro_batches) {
+  std::vector<std::int64_t> now(static_cast<std::size_t>(std::max(chunks, 1)), 0);
+  std::vector<std::int64_t> peak = now;
+  for (const PipeOp& op : interleaved(stages, stage, chunks, micro_batches)) {
+    const auto c = static_cast<std::size_t>(op.chunk);
+    now[c] += op.kind == PipeOp::Kind::forward ? 1 : -1;
+    peak[c] = std::max(peak[c], now[c]);
+  }
+  return peak;
+}
+
 std::string describe(const std::vector<PipeOp>& ops) {
   std::string out;
   for (const PipeOp& op : ops)
@@ -100,4 +112,4 @@ std::string describe(const std::vector<PipeOp>& ops) {
   return out;
 }
 
-}  // namespace dst::train
+}  // namespace dst::model
