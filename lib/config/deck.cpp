@@ -480,10 +480,6 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
     fail_combination(given, fallback, {"parallel.pipeline", "model.n_layers"},
                      "parallel.pipeline (" + s(P) + ") exceeds model.n_layers (" + s(m.n_layers) +
                          "): every stage needs at least one block");
-  if (interleaved && m.n_routed_experts > 0)
-    fail_combination(given, fallback, {"parallel.pipeline_schedule", "model.n_routed_experts"},
-                     "parallel.pipeline_schedule: interleaved runs dense blocks only so far "
-                     "(DeepSeekMoE blocks run under 1f1b); set pipeline_schedule: 1f1b");
   const auto refuse = [&](const char* key, const std::string& what) {
     fail_combination(given, fallback, {key, "parallel.pipeline"},
                      what + " is not supported yet with parallel.pipeline " + s(P) +
@@ -1239,6 +1235,16 @@ Layout resolve_layout(const RunConfig& config, int world_size) {
                       "training.micro_batch_size x data-parallel ranks x "
                       "training.grad_accum_steps overflows");
   }
+  // The interleaved schedule runs the micro-batches in groups of the stages.
+  if (p.pipeline > 1 && p.pipeline_schedule == PipelineSchedule::interleaved &&
+      layout.grad_accum_steps % p.pipeline != 0)
+    throw DeckError(
+        t.global_batch_size > 0 ? "training.global_batch_size" : "training.grad_accum_steps", world,
+        "parallel.pipeline_schedule interleaved runs the micro-batches in groups of "
+        "the " +
+            s(p.pipeline) + " pipeline stages, but a step has " + s(layout.grad_accum_steps) +
+            " (training.grad_accum_steps: global batch / (micro-batch x data ranks)); "
+            "make it a multiple of parallel.pipeline");
   return layout;
 }
 

@@ -435,8 +435,7 @@ void visit_parallel(V& v, S&... s) {
                "chunks of blocks, chunk c of rank p being virtual stage c x P + p; bubble "
                "(P - 1) / (virtual_stages x micro-batches), for more activation records and "
                "virtual_stages times the point-to-point messages. interleaved needs "
-               "virtual_stages >= 2, micro-batches a multiple of parallel.pipeline and dense "
-               "blocks."),
+               "virtual_stages >= 2 and micro-batches a multiple of parallel.pipeline."),
           s.pipeline_schedule...);
   v.field("parallel.virtual_stages",
           Spec("Model chunks per pipeline rank under pipeline_schedule interleaved (V >= 2; 1 "

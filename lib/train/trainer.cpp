@@ -240,11 +240,23 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   // gathered over the pipeline group: every stage takes part, with or without MoE blocks).
   moe_ = model_->moe_blocks() > 0;
   if (stages_ > 1) {
+    // Each stage's MoE blocks in its own order (its chunks in turn), and where each stands
+    // among the model's MoE blocks (the interleaved schedule's chunks are not in the
+    // model's order); this rank's MoE blocks before each of its chunks.
+    std::vector<std::int64_t> moe_layers;
+    for (std::int64_t l = 0; l < config.model.n_layers; ++l)
+      if (config.model.moe_layer(l)) moe_layers.push_back(l);
     for (int s = 0; s < stages_; ++s) {
       std::size_t n = 0;
-      for (const model::StageBlocks& b : model::rank_chunks(config, s, 0))
-        for (std::int64_t l = b.first; l < b.last; ++l)
-          n += config.model.moe_layer(l) ? 1 : 0;
+      for (const model::StageBlocks& b : model::rank_chunks(config, s, 0)) {
+        if (s == stage_) chunk_moe_offset_.push_back(n);
+        for (std::int64_t l = b.first; l < b.last; ++l) {
+          if (!config.model.moe_layer(l)) continue;
+          ++n;
+          moe_order_.push_back(static_cast<std::size_t>(
+              std::lower_bound(moe_layers.begin(), moe_layers.end(), l) - moe_layers.begin()));
+        }
+      }
       stage_moe_blocks_.push_back(n);
     }
     moe_ = std::accumulate(stage_moe_blocks_.begin(), stage_moe_blocks_.end(), std::size_t{0}) > 0;
@@ -867,7 +879,9 @@ void Trainer::pipeline_micro_batches(float backward_scale,
       if (own_blocks > 0) {
         const std::vector<double> terms = model_->last_aux_losses();
         std::copy(terms.begin(), terms.end(),
-                  stage_aux_.begin() + static_cast<std::ptrdiff_t>(op.micro * own_blocks));
+                  stage_aux_.begin() + static_cast<std::ptrdiff_t>(
+                                           static_cast<std::size_t>(op.micro) * own_blocks +
+                                           chunk_moe_offset_[static_cast<std::size_t>(op.chunk)]));
       }
       st.t_forward += model_->last_forward_seconds();
       if (!last) send_to(next, model_->stage_output(record), tag_of(op.micro, next_chunk, false));
@@ -906,11 +920,16 @@ double Trainer::pipeline_aux_sum() {
             all.begin() + static_cast<std::ptrdiff_t>(starts[static_cast<std::size_t>(stage_)]));
   groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
   double aux_sum = 0.0;
+  std::vector<double> terms(moe_order_.size());
   for (std::int64_t mb = 0; mb < m; ++mb) {
-    double sum = 0.0;
+    std::size_t j = 0;  // the stages' blocks in turn, each put at its place in the model
     for (std::size_t s = 0; s < stage_moe_blocks_.size(); ++s)
       for (std::size_t b = 0; b < stage_moe_blocks_[s]; ++b)
-        sum += all[starts[s] + static_cast<std::size_t>(mb) * stage_moe_blocks_[s] + b];
+        terms[moe_order_[j++]] =
+            all[starts[s] + static_cast<std::size_t>(mb) * stage_moe_blocks_[s] + b];
+    double sum = 0.0;
+    for (const double t : terms)
+      sum += t;
     aux_sum += sum;
   }
   return aux_sum;
@@ -1003,8 +1022,15 @@ void Trainer::balance_moe(StepStats& st, double aux_sum) {
     groups_.pipeline->iallgather_blocks(loads.data(), counts, DType::f64).wait();
     groups_.pipeline->iallgather_blocks(biases.data(), counts, DType::f32).wait();
     groups_.pipeline->allreduce(&st.moe_dropped, 1, DType::f64, comm::ReduceOp::sum);
-    sums = std::move(loads);
-    bias = std::move(biases);
+    // In the model's block order (the stages' in turn under 1F1B, not with chunks).
+    sums.assign(total, 0.0);
+    bias.assign(total, 0.0f);
+    const auto e = static_cast<std::size_t>(E);
+    for (std::size_t j = 0; j < moe_order_.size(); ++j)
+      for (std::size_t x = 0; x < e; ++x) {
+        sums[moe_order_[j] * e + x] = loads[j * e + x];
+        bias[moe_order_[j] * e + x] = biases[j * e + x];
+      }
     blocks = static_cast<std::int64_t>(total) / E;
   }
   idle_steps_.resize(sums.size(), 0);
@@ -1059,13 +1085,19 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
     split_rows(buf.data(), micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
     if (stages_ > 1) {
-      // Forward through the stages; the last one's loss.
-      const int tag = static_cast<int>(2 * b);
-      if (stage_ > 0) receive_from(stage_ - 1, model_->stage_input(0), tag);
-      sums[0] += model_->stage_forward(0, tokens_.data(), targets_.data(), 1.0f, false, &v);
-      if (stage_ < stages_ - 1) {
-        send_to(stage_ + 1, model_->stage_output(0), tag);
-        settle_sends(true);
+      // Forward through the stages (each rank's chunks in turn: virtual stage c P + p
+      // receives from the one before it, as in training); the last one's loss.
+      const int P = stages_;
+      for (int c = 0; c < chunks_; ++c) {
+        const std::size_t record = model_->record(c, 0);
+        const auto tag = [&](int chunk) { return static_cast<int>(2 * (b * chunks_ + chunk)); };
+        if (stage_ > 0 || c > 0)
+          receive_from((stage_ + P - 1) % P, model_->stage_input(record), tag(c));
+        sums[0] += model_->stage_forward(record, tokens_.data(), targets_.data(), 1.0f, false, &v);
+        if (stage_ < P - 1 || c < chunks_ - 1) {
+          send_to((stage_ + 1) % P, model_->stage_output(record), tag(stage_ == P - 1 ? c + 1 : c));
+          settle_sends(true);
+        }
       }
     } else {
       sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);

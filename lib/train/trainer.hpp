@@ -308,6 +308,9 @@ class Trainer {
   /// The model has DeepSeekMoE blocks (on any stage), and each stage's count of them.
   bool moe_ = false;
   std::vector<std::size_t> stage_moe_blocks_;
+  /// Every stage's MoE blocks in turn (each in its chunks' order): their index among the
+  /// model's MoE blocks. This rank's MoE blocks before each of its chunks.
+  std::vector<std::size_t> moe_order_, chunk_moe_offset_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
   /// Stages, this rank's stage, and its model chunks (the interleaved schedule's V, else 1).
   int stages_ = 1, stage_ = 0;

@@ -7,12 +7,13 @@ rate fast enough to move the choices (0.01):
 
   PP=2, PP=4 (stage 0 holds the dense block only),
   PP=2 with training.recompute full,
-  PP=2 with training.recompute selective   vs PP=1: bit-identical losses, gradient norms,
+  PP=2 with training.recompute selective,
+  PP=2 interleaved (2 chunks per rank)     vs PP=1: bit-identical losses, gradient norms,
                                            balance losses, per-block expert loads and
                                            correction biases (metrics.jsonl's "moe"), and
                                            every tensor of final-params.h5
   PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
-  DP=2 x PP=2 on 4 ranks                   vs DP=2 on 2 ranks: the same, bit for bit
+  DP=2 x PP=2 on 4 ranks, and interleaved  vs DP=2 on 2 ranks: the same, bit for bit
   DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
   DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: within 1e-9
                                            (losses, norms), 1e-6 (parameters): see below
@@ -24,7 +25,8 @@ Why bit-identical: a stage runs exactly the layers of a one-stage run on the sam
 micro-batches (1F1B keeps a micro-batch per activation record, each with its own MoE
 routing); its gradient accumulates the micro-batches in the same order; the loss sums
 add +0 from the other stages; the balance loss's terms (one per micro-batch and MoE
-block) are gathered over the pipeline group and added in the one-stage run's order; the
+block) are gathered over the pipeline group and added in the one-stage run's order (the
+interleaved chunks' blocks put back in the model's order, as the loads and biases); the
 expert loads are exact counts, summed over the data group per stage, and each stage moves
 its own blocks' biases from them. Nothing changes the order of a floating-point sum, so
 any difference is a bug (a micro-batch's routing overwritten by another in flight, the
@@ -116,6 +118,13 @@ def main():
     _, *sel = run("pp2-selective", 2, ["parallel.pipeline=2", "training.recompute=selective"],
                   lay.format(1, 2))
     same_bits("PP=2 recompute selective vs PP=1 (none)", sel, pp1)
+    # Interleaved, 2 chunks per rank: rank 0 holds blocks 0 (dense) and 2, rank 1 blocks 1
+    # and 3. The balance-loss terms, loads and biases of each rank's chunks are put back
+    # in the model's block order (2 between 1 and 3).
+    inter = ["parallel.pipeline=2", "parallel.pipeline_schedule=interleaved",
+             "parallel.virtual_stages=2"]
+    _, *pv2 = run("pp2v2", 2, inter, lay.format(1, 2))
+    same_bits("PP=2 interleaved vs PP=1", pv2, pp1)
     # The experts' capacity: the rows each stage drops, summed over the stages.
     cap = ["model.moe.capacity_factor=0.5"]
     _, *cap1 = run("pp1-capacity", 1, cap, lay.format(1, 1))
@@ -131,6 +140,8 @@ def main():
     _, *zero1 = run("dp2pp2-zero1", 4, ["parallel.pipeline=2", "parallel.zero_stage=1"],
                     lay.format(2, 2))
     same_bits("DP=2 x PP=2 ZeRO 1 vs DP=2 x PP=2", zero1, dp2pp2)
+    _, *dpv2 = run("dp2pp2v2", 4, inter, lay.format(2, 2))
+    same_bits("DP=2 x PP=2 interleaved vs DP=2", dpv2, dp2)
     ep = ["parallel.expert=2", "parallel.backend=mpi"]
     _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
     _, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
@@ -182,7 +193,8 @@ def main():
         print("\n".join(problems))
         print("FAILED: pipeline stages with DeepSeekMoE blocks do not give the one-stage run")
         return 1
-    print("pipeline moe: PP=2 == PP=4 == PP=1 bit for bit with MoE blocks; DP=2 x PP=2 == DP=2; "
+    print("pipeline moe: PP=2 == PP=4 == PP=2 interleaved == PP=1 bit for bit with MoE blocks; "
+          "DP=2 x PP=2 == DP=2; "
           "expert 2 x PP=2 as expert 2; checkpoints resume across layouts")
     return 0
 

@@ -806,6 +806,16 @@ TEST(DeckPipeline, RefusesWhatStagesDoNotSupport) {
   EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: interleaved}\n"),
                        "parallel.pipeline_schedule: parallel.pipeline_schedule: interleaved needs "
                        "parallel.virtual_stages >= 2"));
+  const RunConfig odd = load(
+      "parallel: {pipeline: 2, pipeline_schedule: interleaved, virtual_stages: 2}\n"
+      "training: {global_batch_size: 6, micro_batch_size: 2}\n");
+  EXPECT_TRUE(Contains(layout_error(odd, 2),
+                       "training.global_batch_size: parallel.pipeline_schedule interleaved runs "
+                       "the micro-batches in groups of the 2 pipeline stages, but a step has 3"));
+  const RunConfig even = load(
+      "parallel: {pipeline: 2, pipeline_schedule: interleaved, virtual_stages: 2}\n"
+      "training: {global_batch_size: 8, micro_batch_size: 2}\n");
+  EXPECT_EQ(dst::config::resolve_layout(even, 2).grad_accum_steps, 4);
   EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, virtual_stages: 2}\n"),
                        "parallel.virtual_stages: parallel.virtual_stages 2 needs "
                        "parallel.pipeline_schedule: interleaved"));
@@ -817,9 +827,10 @@ TEST(DeckPipeline, RefusesWhatStagesDoNotSupport) {
                                   "virtual_stages: 2, pipeline_layers: [1, 3]}\n"),
                        "parallel.pipeline_layers has 2 entries; it needs one per virtual stage "
                        "(parallel.pipeline 2 x virtual_stages 2 = 4)"));
-  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {pipeline: 2, "
-                                  "pipeline_schedule: interleaved, virtual_stages: 2}\n"),
-                       "interleaved runs dense blocks only so far"));
+  EXPECT_EQ(load("model: {preset: tiny-moe}\nparallel: {pipeline: 2, "
+                 "pipeline_schedule: interleaved, virtual_stages: 2}\n")
+                .parallel.virtual_stages,
+            2);  // DeepSeekMoE blocks in chunks too
   EXPECT_TRUE(Contains(load_error("parallel: {pipeline: 2, pipeline_schedule: gpipe}\n"),
                        "expected one of 1f1b, interleaved"));
   // Stages hold DeepSeekMoE blocks and latent attention, also with expert parallelism (the
