@@ -124,6 +124,19 @@ class Comparisons:
         else:
             print(f"{name}: bit-identical ({len(a[0])} steps, {len(a[1])} tensors)")
 
+    def hung(self, name, launched, wants, said):
+        """A run with a rank hung on purpose (launched: (folder, CompletedProcess, seconds))
+        ended with exit 4 within 60 s, its log saying each of `wants`."""
+        _, r, took = launched
+        text = r.stdout + r.stderr
+        missing = [w for w in wants if w not in text]
+        if r.returncode != 4 or missing or took > 60:
+            print(text)
+            self.problems.append(f"{name}: exit {r.returncode} (want 4) after {took:.1f} s "
+                                 f"(bound 60 s); missing from the log: {missing}")
+        else:
+            print(f"{name}: {said}, the job ended in {took:.1f} s")
+
     def within(self, name, a, b, first_step=1):
         """a's losses from first_step within tol of b's (relative), its final parameters
         within tol as one vector and within tensor_tol each (relative L2)."""

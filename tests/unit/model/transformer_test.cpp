@@ -34,6 +34,18 @@ dst::config::ModelSection three_blocks() {
   return m;
 }
 
+/// Block `block` alone as a pipeline stage's (or chunk's) blocks.
+dst::model::StageBlocks one_block(std::int64_t block, bool embedding, bool head,
+                                  std::int64_t slots) {
+  dst::model::StageBlocks sb;
+  sb.first = block;
+  sb.last = block + 1;
+  sb.embedding = embedding;
+  sb.head = head;
+  sb.slots = slots;
+  return sb;
+}
+
 std::string splits(const std::vector<dst::model::ParamSpec>& specs) {
   std::string s;
   for (const auto& p : specs)
@@ -336,15 +348,10 @@ TEST(PipelineStages, ThreeStagesGiveTheWholeModelsLossAndGradients) {
   whole.refresh_compute_params();
   std::vector<std::unique_ptr<DenseModel>> stages;
   for (int s = 0; s < 3; ++s) {
-    dst::model::StageBlocks sb;
-    sb.first = s;
-    sb.last = s + 1;
-    sb.embedding = s == 0;
-    sb.head = s == 2;
-    sb.slots = s == 1 ? 2 : 1;
     stages.push_back(std::make_unique<DenseModel>(
         m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
-        nullptr, dst::config::Recompute::none, false, sb));
+        nullptr, dst::config::Recompute::none, false,
+        one_block(s, s == 0, s == 2, s == 1 ? 2 : 1)));
     stages.back()->params().initialize(7);
     stages.back()->refresh_compute_params();
   }
@@ -421,15 +428,10 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
   whole.refresh_compute_params();
   std::vector<std::unique_ptr<DenseModel>> st;
   for (int s = 0; s < 3; ++s) {
-    dst::model::StageBlocks sb;
-    sb.first = s;
-    sb.last = s + 1;
-    sb.embedding = s == 0;
-    sb.head = s == 2;
-    sb.slots = s == 2 ? 1 : 2;
-    st.push_back(std::make_unique<DenseModel>(
-        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
-        nullptr, dst::config::Recompute::none, false, sb));
+    st.push_back(std::make_unique<DenseModel>(m, B, T, Arena::Mode::allocate,
+                                              dst::tensor::ExecContext{}, dst::DType::f32, true,
+                                              nullptr, nullptr, dst::config::Recompute::none, false,
+                                              one_block(s, s == 0, s == 2, s == 2 ? 1 : 2)));
     st.back()->params().initialize(7);
     st.back()->refresh_compute_params();
     st.back()->params().zero_grads();
@@ -520,15 +522,7 @@ TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
   DenseModel whole(m, B, T, Arena::Mode::allocate);
   whole.params().initialize(7);
   whole.refresh_compute_params();
-  const auto chunk = [](std::int64_t first, bool embedding, bool head, std::int64_t slots) {
-    dst::model::StageBlocks sb;
-    sb.first = first;
-    sb.last = first + 1;
-    sb.embedding = embedding;
-    sb.head = head;
-    sb.slots = slots;
-    return sb;
-  };
+  const auto chunk = one_block;
   const auto make = [&](const std::vector<dst::model::StageBlocks>& chunks) {
     auto d = std::make_unique<DenseModel>(
         m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
