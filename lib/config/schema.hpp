@@ -453,8 +453,9 @@ void visit_parallel(V& v, S&... s) {
                "checkpoints every expert whole. Dropless unless model.moe.capacity_factor; "
                "node-limited routing by model.moe.max_nodes_per_token; host memory and the "
                "mpi back end only (the NCCL all-to-all exists, the dispatch on a GPU does not; "
-               "shm does not cover per-rank experts yet; with pipeline stages, or "
-               "parallel.zero_stage > 0 in shared memory, every rank stores every expert). "
+               "shm does not cover per-rank experts yet; with parallel.zero_stage > 0 in shared "
+               "memory, or pipeline stages of which one holds no MoE block, every rank stores "
+               "every expert). "
                "With parallel.zero_stage > 0 over mpi the own experts' state is sharded over "
                "the ranks holding the same experts (data ranks / expert), the rest over the "
                "data ranks.")

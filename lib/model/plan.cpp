@@ -180,9 +180,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                 std::to_string(c.parallel.tensor));
   const TensorSlice slice{0, layout.tensor, c.parallel.sequence_parallel};
   // Expert parallelism: expert slot 0 of the group, which holds 1 / layout.expert of the
-  // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). Not with
-  // pipeline stages (the trainer keeps every expert on every rank there).
-  const ExpertSlice experts{0, m.n_routed_experts > 0 && layout.pipeline == 1 ? layout.expert : 1};
+  // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). With pipeline
+  // stages only when every stage holds an MoE block (own_expert_storage: else the trainer
+  // keeps every expert on every rank).
+  const ExpertSlice experts{0, own_expert_storage(c) ? layout.expert : 1};
   const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                          DType::f32, true, nullptr, nullptr, c.training.recompute, false,
                          StageBlocks::whole(), slice, experts);
@@ -203,12 +204,12 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
   // Expert parallelism: the own experts' part of the buffer (the last, layers/
   // moe_dispatch.hpp), bytes of fp32.
-  std::uint64_t own_experts = 0;
-  for (const ParamSpec& s : model.params().specs())
-    if (s.ep_size > 1) {
-      own_experts = (model.params().buffer_elements() - s.offset) * sizeof(float);
-      break;
-    }
+  const auto own_experts_of = [](const DenseModel& d) {
+    for (const ParamSpec& s : d.params().specs())
+      if (s.ep_size > 1) return (d.params().buffer_elements() - s.offset) * sizeof(float);
+    return std::size_t{0};
+  };
+  std::uint64_t own_experts = own_experts_of(model);
   const std::uint64_t expert_data =
       own_experts > 0 ? D / static_cast<std::uint64_t>(layout.expert) : 1;
   const bool low_precision = c.training.precision != config::Precision::fp32;
@@ -290,11 +291,12 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // 1f1b, parallel.virtual_stages under interleaved, each with the records its schedule
     // keeps in flight).
     const std::int64_t micro = layout.grad_accum_steps;
+    std::uint64_t heaviest_own_experts = own_experts;
     for (int s = 0; s < layout.pipeline; ++s) {
       const std::vector<StageBlocks> chunks = rank_chunks(c, s, micro);
       const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                             DType::f32, true, nullptr, nullptr, c.training.recompute, false, chunks,
-                            slice);
+                            slice, experts);
       Plan::Stage st;
       st.first = chunks.front().first;
       st.last = chunks.back().last;
@@ -308,13 +310,16 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
         st.in_flight += chunk.slots;
         moe_records += stage_moe_blocks(chunk) * chunk.slots;
       }
+      own_experts = own_experts_of(part);  // (memory_of reads it) this stage's
       st.memory = memory_of(part.memory(), moe_records);
       if (s == 0 || st.memory.total() > mem.total()) {
         mem = st.memory;
         mm = part.memory();
+        heaviest_own_experts = own_experts;
       }
       plan.stages.push_back(st);
     }
+    own_experts = heaviest_own_experts;
     plan.chunks = pipeline_chunks(c);
     plan.bubble_fraction =
         static_cast<double>(layout.pipeline - 1) / static_cast<double>(plan.chunks * micro);

@@ -62,6 +62,11 @@ int pipeline_chunks(const config::RunConfig& config);
 std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
                                      std::int64_t micro_batches);
 
+/// Whether expert parallelism stores each rank's own routed experts only: a model with
+/// routed experts, without pipeline stages or with an MoE block on every stage (a stage
+/// without one has no experts to own; there every rank stores every expert).
+bool own_expert_storage(const config::RunConfig& config);
+
 /// The parameters of a rank's chunks (Transformer::parameter_layout of them).
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m,
                                               const std::vector<StageBlocks>& chunks,

@@ -139,6 +139,19 @@ std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
   return out;
 }
 
+bool own_expert_storage(const config::RunConfig& config) {
+  if (config.model.n_routed_experts == 0) return false;
+  if (config.parallel.pipeline == 1) return true;
+  for (int s = 0; s < static_cast<int>(config.parallel.pipeline); ++s) {
+    bool moe = false;
+    for (const StageBlocks& chunk : rank_chunks(config, s, 0))
+      for (std::int64_t l = chunk.first; l < chunk.last; ++l)
+        moe = moe || config.model.moe_layer(l);
+    if (!moe) return false;
+  }
+  return true;
+}
+
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m,
                                               const std::vector<StageBlocks>& chunks,
                                               const TensorSlice& tp, const ExpertSlice& ep) {

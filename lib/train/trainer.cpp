@@ -101,14 +101,15 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   stage_ = groups.pipeline_rank;
   tensor_ = layout.tensor;
   const model::TensorSlice slice{groups.tensor_rank, tensor_, config.parallel.sequence_parallel};
-  // Expert parallelism: this rank holds its expert slot's routed experts only (not built
-  // with pipeline stages yet: there every rank holds every expert, the unowned ones with
-  // zero gradients, summed over the data group). ZeRO over MPI shards the two parts of
+  // Expert parallelism: this rank holds its expert slot's routed experts only (with
+  // pipeline stages, when every stage holds an MoE block; a stage without one would have
+  // no own experts, and there every rank holds every expert, the unowned ones with zero
+  // gradients, summed over the data group). ZeRO over MPI shards the two parts of
   // the buffer apart (the replicated tensors over the data group, the own experts over
   // the expert-data group); ZeRO in shared memory (whose parts are the node's) keeps
   // every expert on every rank, as before per-rank storage existed.
   expert_storage_ =
-      layout.expert > 1 && config.model.n_routed_experts > 0 && stages_ == 1 &&
+      layout.expert > 1 && model::own_expert_storage(config) &&
       (config.parallel.zero_stage == 0 || options.grad_comm == runtime::CommBackend::mpi);
   const model::ExpertSlice experts{expert_storage_ ? groups.expert_rank : 0,
                                    expert_storage_ ? layout.expert : 1};
@@ -277,7 +278,18 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     gather_slot_ = shared_->slots() - 1;
   }
   loss_scaling_ = config.training.precision == config::Precision::fp16;
-  if (expert_storage_) locate_own_experts();
+  if (expert_storage_) {
+    locate_own_experts();
+    // Each own tensor's index in its stage's whole layout (the gradient norm's gather).
+    if (stages_ > 1) {
+      std::unordered_map<std::string, std::size_t> at;
+      const auto& specs = stage_specs_[static_cast<std::size_t>(stage_)];
+      for (std::size_t i = 0; i < specs.size(); ++i)
+        at[specs[i].name] = i;
+      for (const model::ParamSpec& spec : model_->params().specs())
+        stage_index_.push_back(at.at(spec.name));
+    }
+  }
   if (zero_stage_ > 0) {
     // shm: the parts the ranks already update; MPI: whole tensors (exact norms). Per-rank
     // experts: the replicated tensors over the data group, the own experts apart (below).
@@ -572,7 +584,20 @@ StepStats Trainer::step() {
     std::copy(own.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_), own.end(),
               per_tensor.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_));
   }
-  if (expert_storage_) sum_of_squares = expert_sum_of_squares(per_tensor);
+  if (expert_storage_ && stages_ == 1) sum_of_squares = expert_sum_of_squares(per_tensor);
+  if (expert_storage_ && stages_ > 1) {
+    // In the stage's whole layout (every expert): each own expert's sum from its holder,
+    // summed over the expert group (the others add +0), so that every rank of the stage
+    // has every tensor's, as the stages' gather below needs.
+    const std::size_t n = stage_specs_[static_cast<std::size_t>(stage_)].size();
+    std::vector<double> whole(n, 0.0), experts(n, 0.0);
+    for (std::size_t i = 0; i < per_tensor.size(); ++i)
+      (i < expert_first_tensor_ ? whole : experts)[stage_index_[i]] = per_tensor[i];
+    groups_.expert->allreduce(experts.data(), n, DType::f64, comm::ReduceOp::sum);
+    for (std::size_t i = 0; i < n; ++i)
+      whole[i] += experts[i];
+    per_tensor = std::move(whole);
+  }
   if (tensor_ > 1) {
     // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
     // equal), a slice shared by R ranks (key/value heads) once, from the first of them:
@@ -628,7 +653,7 @@ StepStats Trainer::step() {
        << "scale " << before << " -> " << scaler_.scale();
     if (groups_.world->rank() == 0) log::warn(os.str());
   } else if (nonfinite && (stages_ > 1 || tensor_ > 1)) {
-    const std::string where = name_nonfinite_across_stages(buckets);
+    const std::string where = name_nonfinite_across_stages();
     std::ostringstream os;
     os << "non-finite gradients at step " << step_ << ": " << where;
     if (cfg_.debug.nan_policy == config::NanPolicy::abort)
@@ -935,18 +960,19 @@ double Trainer::pipeline_aux_sum() {
   return aux_sum;
 }
 
-std::string Trainer::name_nonfinite_across_stages(const GradBuckets& buckets) {
+std::string Trainer::name_nonfinite_across_stages() {
   comm::Communicator& world = *groups_.world;
   const auto& ps = model_->params();
   constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  std::int64_t first = buckets.first_nonfinite_offset() >= 0 ? world.rank() : kNone;
+  // (The own experts' buckets too, with per-rank experts on stages.)
+  std::int64_t first = first_nonfinite_offset() >= 0 ? world.rank() : kNone;
   world.allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
   std::ostringstream os;
   if (first != kNone) {
     // The owner names its tensor as the whole model's index and the element within it.
     std::int64_t where[2] = {-1, -1};
     if (world.rank() == first) {
-      const auto offset = static_cast<std::size_t>(buckets.first_nonfinite_offset());
+      const auto offset = static_cast<std::size_t>(first_nonfinite_offset());
       const std::size_t i = tensor_at(ps, offset);
       where[0] = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
       // (A tensor slice's element by its index in the whole tensor.)
@@ -1531,7 +1557,10 @@ void Trainer::check_consistency() {
     constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
     std::int64_t first = bad < P ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
     groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
-    if (first == kNone) return;
+    if (first == kNone) {
+      if (expert_storage_) check_expert_consistency(prints);  // every stage's experts
+      return;
+    }
     name = full_layout_->spec(static_cast<std::size_t>(first)).name;
     // (The lowest tensor slice whose replicas differ there: ranks[1] holds minus its rank.)
     std::vector<std::int64_t> ranks(static_cast<std::size_t>(n) + 2, 0);

@@ -311,6 +311,8 @@ class Trainer {
   /// Every stage's MoE blocks in turn (each in its chunks' order): their index among the
   /// model's MoE blocks. This rank's MoE blocks before each of its chunks.
   std::vector<std::size_t> moe_order_, chunk_moe_offset_;
+  /// Per-rank experts with stages: each tensor of the store's index in stage_specs_[stage_].
+  std::vector<std::size_t> stage_index_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
   /// Stages, this rank's stage, and its model chunks (the interleaved schedule's V, else 1).
   int stages_ = 1, stage_ = 0;
@@ -359,7 +361,7 @@ class Trainer {
   /// Non-finite gradients with stages: "rank R, tensor NAME[i]" of the lowest world rank
   /// whose own gradient had one, or of the lowest tensor over the stages when none had
   /// (the sums overflowed). Collective over every rank.
-  std::string name_nonfinite_across_stages(const GradBuckets& buckets);
+  std::string name_nonfinite_across_stages();
   // --- expert parallelism's storage (parallel.expert > 1, MoE model; moe_dispatch.hpp) ---
   /// Each rank holds its own routed experts only (model::ExpertSlice): the store's tensors
   /// from expert_first_tensor_ on (flat offsets from expert_offset_) are those, summed over

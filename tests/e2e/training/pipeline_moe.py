@@ -16,7 +16,10 @@ rate fast enough to move the choices (0.01):
   DP=2 x PP=2 on 4 ranks, and interleaved  vs DP=2 on 2 ranks: the same, bit for bit
   DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
   DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: within 1e-9
-                                           (losses, norms), 1e-6 (parameters): see below
+  (each rank storing its own experts)      (losses, norms), 1e-6 (parameters): see below
+  the same with ZeRO 1                     vs ZeRO 0: bit-identical
+  its checkpoint resumed on 1 rank         its own steps 6-10 within 1e-5
+  a NaN in an own expert's gradient        exit 6 naming the rank, its stage, the tensor
   the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
   it resumes on PP=1                       == PP=1's steps 6-10 bit for bit
 (the validation losses of steps 5 and 10, through the stages' forward, alike).
@@ -144,12 +147,12 @@ def main():
     same_bits("DP=2 x PP=2 interleaved vs DP=2", dpv2, dp2)
     ep = ["parallel.expert=2", "parallel.backend=mpi"]
     _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
-    _, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
-    # Not bits: without stages expert parallelism stores each rank's own experts and adds
-    # the gradient norm's squares by group (the replicated tensors once, the experts over
-    # the expert group); with stages every rank stores every expert (per-rank storage is
-    # not built for stages) and adds them in the store's order. The norm differs in its
-    # last bits, and through the clipping factor the parameters by about 1e-9.
+    ep2pp2_out, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
+    # Not bits: both store each rank's own experts (every stage holds an MoE block), but
+    # without stages the gradient norm adds its squares by group (the replicated tensors,
+    # then the experts' summed over the expert group), with stages tensor by tensor in the
+    # model's order (each expert's from its holder). The norm may differ in its last bit,
+    # and through the clipping factor the parameters by about 1e-9.
     worst = 0.0
     for got, want in zip(ep2pp2[0], ep2[0]):
         for g, w in zip(got[1:4], want[1:4]):
@@ -163,6 +166,37 @@ def main():
     else:
         print(f"DP=2 x expert 2 x PP=2 vs DP=2 x expert 2: losses, norms, aux losses within "
               f"{worst:.2e}, parameters within {wp:.2e} relative L2")
+    # ZeRO 1 over the stage's own experts (sharded over the expert-data group of 1) and its
+    # replicated tensors (over the data group): ZeRO 0's bits.
+    _, *ep2pp2z = run("dp2ep2pp2-zero1", 4, ep + ["parallel.pipeline=2", "parallel.zero_stage=1"],
+                      lay.format(2, 2))
+    same_bits("DP=2 x expert 2 x PP=2 ZeRO 1 vs ZeRO 0", ep2pp2z, ep2pp2)
+    # Its checkpoint holds every expert whole (each written by its holder): it resumes on
+    # PP=1 with every expert on every rank, steps 6-10 as the run's own.
+    _, *epr = run("resume-ep2pp2-pp1", 1,
+                  [f"checkpoint.resume={os.path.join(ep2pp2_out, 'checkpoints/step-5.h5')}"],
+                  lay.format(1, 1))
+    worst = max(abs(g[1] - w[1]) / abs(w[1]) for g, w in zip(epr[0], ep2pp2[0][5:]))
+    if len(epr[0]) != 5 or worst > 1e-5:
+        problems.append(f"the DP=2 x expert 2 x PP=2 checkpoint resumed on 1 rank: "
+                        f"{len(epr[0])} steps, losses within {worst:.2e} of its own (1e-5)")
+    else:
+        print(f"DP=2 x expert 2 x PP=2 checkpoint resumed on 1 rank: steps 6-10 within "
+              f"{worst:.2e} of its own")
+
+    # A NaN in an own expert's gradient on stage 1 (rank 3 holds experts 4-7 of block 3):
+    # named with its rank, stage and tensor (the own experts' buckets are scanned too).
+    _, r, _ = st.train("nan-ep2pp2", 4, ["model.preset=tiny-moe", *ep, "parallel.pipeline=2",
+                                          "debug.inject_nan_step=2"],
+                       seq=SEQ, micro=MICRO, global_batch=GLOBAL, steps=3)
+    want = ("non-finite gradients at step 2: first on rank 3 (pipeline stage 1), tensor "
+            "model.layers.3.mlp.experts.4.down_proj.weight[0] (debug.nan_policy: abort)")
+    if r.returncode != 6 or want not in r.stdout + r.stderr:
+        print(r.stdout + r.stderr)
+        problems.append(f"nan in an own expert: exit {r.returncode} (want 6), or the log does "
+                        f"not say '{want}'")
+    else:
+        print("nan in an own expert on stage 1: named with its rank, stage and tensor")
 
     # The checkpoints hold the whole model whatever the layout: PP=2's == PP=1's.
     ck = "checkpoints/step-5.h5"

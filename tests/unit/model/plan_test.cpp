@@ -268,10 +268,14 @@ TEST(Plan, PipelineStagesHoldMoeBlocks) {
   pp3.grad_accum_steps = 4;
   const auto plan = dst::model::make_plan(c, pp3);
   ASSERT_EQ(plan.stages.size(), 3u);
+  // Every stage holds an MoE block: each rank stores its half of the stage's routed
+  // experts (26 MoE layers x 64 experts x 3 matrices of 2048 x 1408), the rest whole.
   std::int64_t parameters = 0;
   for (const auto& s : plan.stages)
     parameters += s.parameters;
-  EXPECT_EQ(parameters, plan.params.total());
+  const std::int64_t routed =
+      26 * c.model.n_routed_experts * 3 * c.model.d_model * c.model.moe_intermediate_size;
+  EXPECT_EQ(parameters + routed / 2, plan.params.total());
   const std::int64_t T = 512, K = 6;
   const std::uint64_t kept_row = (5 * 2048 + 4 * 1408) * sizeof(float);
   const std::int64_t moe_blocks[3] = {6, 10, 10};  // block 0 is dense
@@ -279,10 +283,11 @@ TEST(Plan, PipelineStagesHoldMoeBlocks) {
     const auto& st = plan.stages[static_cast<std::size_t>(s)];
     EXPECT_EQ(st.in_flight, std::min<std::int64_t>(3 - s, 4));
     const dst::model::StageBlocks sb = dst::model::stage_blocks(c, s, st.in_flight);
-    const dst::model::DenseModel part(c.model, 1, T, dst::tensor::Arena::Mode::plan, {},
-                                      dst::DType::f32, true, nullptr, nullptr,
-                                      dst::config::Recompute::none, false, sb);
+    const dst::model::DenseModel part(
+        c.model, 1, T, dst::tensor::Arena::Mode::plan, {}, dst::DType::f32, true, nullptr, nullptr,
+        dst::config::Recompute::none, false, sb, {}, dst::model::ExpertSlice{0, 2});
     EXPECT_EQ(part.moe_blocks(), moe_blocks[s]);
+    EXPECT_EQ(st.parameters, part.params().parameter_count());
     const std::uint64_t ep =
         static_cast<std::uint64_t>(moe_blocks[s] * st.in_flight * T * K) * kept_row;
     EXPECT_EQ(st.memory.activations, part.memory().activations + ep) << "stage " << s;
