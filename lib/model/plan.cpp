@@ -218,12 +218,6 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // pipeline stage's.
   const std::int64_t model_moe_blocks =
       count_parameters(m).moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
-  const auto stage_moe_blocks = [&](const StageBlocks& sb) {
-    std::int64_t n = 0;
-    for (std::int64_t l = sb.first; l < sb.last; ++l)
-      n += m.moe_layer(l) ? 1 : 0;
-    return n;
-  };
   // `moe_records`: the MoE blocks' activation records (blocks x micro-batches in flight).
   const auto memory_of = [&](const ModelMemory& mm, std::int64_t moe_records) {
     MemoryPlan mem;
@@ -308,7 +302,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       for (const StageBlocks& chunk : chunks) {
         st.chunks.emplace_back(chunk.first, chunk.last);
         st.in_flight += chunk.slots;
-        moe_records += stage_moe_blocks(chunk) * chunk.slots;
+        moe_records += moe_blocks_in(m, chunk) * chunk.slots;
       }
       own_experts = own_experts_of(part);  // (memory_of reads it) this stage's
       st.memory = memory_of(part.memory(), moe_records);
@@ -392,11 +386,17 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   std::int64_t moe_blocks = model_moe_blocks;
   if (layout.pipeline > 1) {
     moe_blocks = 0;
+    // (Each rank's chunks: under the interleaved schedule [first, last) spans the other
+    // ranks' blocks too.)
     for (const Plan::Stage& ps : plan.stages) {
-      StageBlocks sb;
-      sb.first = ps.first;
-      sb.last = ps.last;
-      moe_blocks = std::max(moe_blocks, stage_moe_blocks(sb));
+      std::int64_t n = 0;
+      for (const auto& [first, last] : ps.chunks) {
+        StageBlocks sb;
+        sb.first = first;
+        sb.last = last;
+        n += moe_blocks_in(m, sb);
+      }
+      moe_blocks = std::max(moe_blocks, n);
     }
   }
   if (X > 1 && moe_blocks > 0) {

@@ -62,6 +62,9 @@ int pipeline_chunks(const config::RunConfig& config);
 std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
                                      std::int64_t micro_batches);
 
+/// The DeepSeekMoE blocks among `blocks`' (their layers [first, last)).
+std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blocks);
+
 /// Whether expert parallelism stores each rank's own routed experts only: a model with
 /// routed experts, without pipeline stages or with an MoE block on every stage (a stage
 /// without one has no experts to own; there every rank stores every expert).

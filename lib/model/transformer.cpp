@@ -139,15 +139,22 @@ std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
   return out;
 }
 
+std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blocks) {
+  std::int64_t n = 0;
+  for (std::int64_t l = blocks.first, last = blocks.last < 0 ? m.n_layers : blocks.last; l < last;
+       ++l)
+    n += m.moe_layer(l) ? 1 : 0;
+  return n;
+}
+
 bool own_expert_storage(const config::RunConfig& config) {
   if (config.model.n_routed_experts == 0) return false;
   if (config.parallel.pipeline == 1) return true;
   for (int s = 0; s < static_cast<int>(config.parallel.pipeline); ++s) {
-    bool moe = false;
+    std::int64_t moe = 0;
     for (const StageBlocks& chunk : rank_chunks(config, s, 0))
-      for (std::int64_t l = chunk.first; l < chunk.last; ++l)
-        moe = moe || config.model.moe_layer(l);
-    if (!moe) return false;
+      moe += moe_blocks_in(config.model, chunk);
+    if (moe == 0) return false;
   }
   return true;
 }

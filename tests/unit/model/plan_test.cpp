@@ -301,6 +301,21 @@ TEST(Plan, PipelineStagesHoldMoeBlocks) {
   ASSERT_NE(a2a, plan.collectives.end());
   EXPECT_NE(a2a->what.find(": 10 MoE layers x"), std::string::npos) << a2a->what;
   EXPECT_DOUBLE_EQ(a2a->bytes_per_rank, 10 * plan.alltoall_bytes_per_moe_layer);
+
+  // Interleaved, 3 x 2 virtual stages of 4, 4, 5, 4, 5, 5 blocks: rank 0 holds blocks 0-3
+  // and 13-16 (7 MoE blocks: block 0 is dense), rank 1 4-7 and 17-21 (9), rank 2 8-12 and
+  // 22-26 (10). The all-to-all counts the busiest rank's own MoE layers, not the span of
+  // its chunks (rank 2's [8, 27) would be 19).
+  c.parallel.pipeline_layers = {4, 4, 5, 4, 5, 5};
+  c.parallel.pipeline_schedule = dst::config::PipelineSchedule::interleaved;
+  c.parallel.virtual_stages = 2;
+  pp3.grad_accum_steps = 3;
+  pp3.global_batch_size = 6;
+  const auto inter = dst::model::make_plan(c, pp3);
+  const auto a2a_inter = std::find_if(inter.collectives.begin(), inter.collectives.end(),
+                                      [](const auto& x) { return x.what.find("all-to-all") == 0; });
+  ASSERT_NE(a2a_inter, inter.collectives.end());
+  EXPECT_NE(a2a_inter->what.find(": 10 MoE layers x"), std::string::npos) << a2a_inter->what;
 }
 
 TEST(Plan, ZeroStagesDivideWhatOnlyTheOptimizerStepReads) {
