@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Data, tensor and pipeline parallelism on 2 ranks: the same global batch trained as
 # DP=2 (parallel.backend auto: the shared-memory sum), TP=2 (parallel.tensor 2), TP=2 with
-# sequence parallelism (SP), PP=2 (parallel.pipeline 2, 1F1B) and PP=2 interleaved (2 chunks
-# per rank), alternating, REPETITIONS times each. Reads the last "phases"
+# sequence parallelism (SP), PP=2 (parallel.pipeline 2, 1F1B), PP=2 interleaved (2 chunks
+# per rank) and PP=2 with tied embeddings (the last stage's copy of the embedding table,
+# its gradient exchanged with stage 0's each step), alternating, REPETITIONS times each. Reads the last "phases"
 # record of metrics.jsonl (rank 0, ms per step over the second half of the steps) and the
 # logged tokens/s and prints the medians: forward, backward, exposed communication (DP: the
 # gradient sum; PP: the waits for the neighbour stage; TP: none beyond the data group's),
@@ -30,17 +31,18 @@ source "$here/bench_env.sh"
 python3 "$src/tests/e2e/training/synthetic_language.py" generate "$work/data" --seq-len "$seq" \
   --train-samples 256 --valid-samples 2 >/dev/null
 for ((i = 1; i <= reps; i++)); do
-  for layout in dp2 tp2 sp2 pp2 pv2; do
+  for layout in dp2 tp2 sp2 pp2 pv2 pt2; do
     out="$work/$layout-$i"
     rm -rf "$out"
-    tensor=1 pipeline=1 sequence=false
+    tensor=1 pipeline=1 sequence=false tied=false
     [[ $layout == tp2 || $layout == sp2 ]] && tensor=2
     [[ $layout == sp2 ]] && sequence=true
-    [[ $layout == pp2 || $layout == pv2 ]] && pipeline=2
+    [[ $layout == pp2 || $layout == pv2 || $layout == pt2 ]] && pipeline=2
+    [[ $layout == pt2 ]] && tied=true
     schedule=1f1b chunks=1
     [[ $layout == pv2 ]] && schedule=interleaved chunks=2
     mpiexec --oversubscribe -n 2 "$build/bin/dstrain" train "$src/inputs/tiny.yaml" \
-      --set "model.preset=$preset" \
+      --set "model.preset=$preset" --set "model.tie_embeddings=$tied" \
       --set "data.train=$work/data/train.txt" --set "data.valid=$work/data/valid.txt" \
       --set data.text_separator= --set "data.seq_len=$seq" \
       --set "training.micro_batch_size=$micro" --set "training.global_batch_size=$global" \
@@ -67,8 +69,8 @@ print("| layout | forward | backward | exposed comm | tensor all-reduce | step |
 print("|---|---:|---:|---:|---:|---:|---:|")
 res = {}
 names = {"dp2": "DP=2", "tp2": "TP=2", "sp2": "TP=2 + SP", "pp2": "PP=2",
-         "pv2": "PP=2 interleaved (V=2)"}
-for layout in ("dp2", "tp2", "sp2", "pp2", "pv2"):
+         "pv2": "PP=2 interleaved (V=2)", "pt2": "PP=2, tied embeddings"}
+for layout in ("dp2", "tp2", "sp2", "pp2", "pv2", "pt2"):
     ph, tps = [], []
     for path in glob.glob(f"{work}/{layout}-*/metrics.jsonl"):
         recs = [json.loads(x) for x in open(path) if x.strip()]
@@ -89,5 +91,8 @@ print(f"tensor: TP=2/DP=2 tokens/s {tp['tps'] / res['dp2']['tps']:.3f}, "
       f"PP=2 interleaved/PP=2 {res['pv2']['tps'] / res['pp2']['tps']:.3f} (exposed waits "
       f"{res['pv2']['comm_exposed_ms']:.0f} against {res['pp2']['comm_exposed_ms']:.0f} ms); "
       f"TP=2's all-reduces {tp['tensor_allreduce_ms'] / tp['step_ms']:.1%} of its step, "
-      f"TP=2 + SP's collectives {sp['tensor_allreduce_ms'] / sp['step_ms']:.1%}")
+      f"TP=2 + SP's collectives {sp['tensor_allreduce_ms'] / sp['step_ms']:.1%}; "
+      f"PP=2 tied/PP=2 tokens/s {res['pt2']['tps'] / res['pp2']['tps']:.3f} (exposed comm "
+      f"{res['pt2']['comm_exposed_ms']:.0f} against {res['pp2']['comm_exposed_ms']:.0f} ms, "
+      f"the embedding group's exchange included)")
 PY

@@ -483,16 +483,9 @@ void check_pipeline(const RunConfig& c, const GivenKeys& given, const std::strin
   const auto refuse = [&](const char* key, const std::string& what) {
     fail_combination(given, fallback, {key, "parallel.pipeline"},
                      what + " is not supported yet with parallel.pipeline " + s(P) +
-                         " (pipeline stages hold decoder blocks, dense or DeepSeekMoE, with the "
-                         "embedding on the first stage and the head on the last); set "
+                         " (pipeline stages send host memory over MPI); set "
                          "parallel.pipeline: 1");
   };
-  if (m.tie_embeddings)
-    refuse("model.tie_embeddings",
-           "model.tie_embeddings (the embedding and the head live on different stages)");
-  if (m.mtp_depth > 0)
-    refuse("model.mtp_depth",
-           "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
   if (c.kernels.backend == KernelsBackend::cuda)
     refuse("kernels.backend", "kernels.backend cuda (stages send host memory over MPI)");
   if (c.parallel.backend == ParallelBackend::nccl)

@@ -414,7 +414,9 @@ void visit_parallel(V& v, S&... s) {
                "each on its own ranks (the world is data x pipeline ranks; docs/performance.md, "
                "\"pipeline parallelism\"). At most model.n_layers. Stages hold dense or "
                "DeepSeekMoE blocks (latent attention, expert parallelism within a stage's data "
-               "ranks); not with tied embeddings, the MTP module or kernels.backend cuda yet.")
+               "ranks); with tied embeddings or the MTP module the last stage holds a copy of "
+               "the embedding table, its gradient summed with the first stage's. Not with "
+               "kernels.backend cuda yet.")
               .at_least(1)
               .at_most(kIntMax),
           s.pipeline...);

@@ -129,7 +129,7 @@ struct DenseModel::Impl {
   }
 
   /// Every DeepSeekMoE block of record `record`'s chunk with that record: the chunk's
-  /// blocks in order, then the MTP module's (the whole model only; model/stage.hpp). Each
+  /// blocks in order, then the MTP module's (with the head). Each
   /// record has its own host routing (Block::take): 1F1B's micro-batches in flight route
   /// apart.
   template <class F>
@@ -323,10 +323,9 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   for (StageBlocks& chunk : s.chunks)
     if (chunk.last < 0) chunk.last = m.n_layers;
   if (s.chunks.size() > 1 || !s.chunks.front().is_whole(m.n_layers)) {
-    // Stages hold dense and DeepSeekMoE blocks, each record with its own MoE routing
-    // (deck.cpp refuses the rest).
-    if (m.mtp_depth > 0 || m.tie_embeddings)
-      throw Error("model: a pipeline stage supports neither the MTP module nor tied embeddings");
+    // Stages hold dense and DeepSeekMoE blocks, each record with its own MoE routing; the
+    // last one, with tied embeddings or the MTP module, a copy of the embedding table
+    // (Transformer::holds_embedding_copy).
     if (s.holds_head() && s.chunks.back().slots != 1)
       throw Error("model: the last pipeline stage keeps one activation record, not " +
                   std::to_string(s.chunks.back().slots));
@@ -518,6 +517,14 @@ double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
     else
       s.net.head().loss(s.c, s.head, s.slot_targets[slot]);
     loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
+    // The MTP module's loss, as forward_backward()'s (last_mtp_loss()).
+    if (const MultiTokenPrediction* p = s.net.mtp()) {
+      if (with_gradient)
+        p->loss_and_gradient(s.c, s.mtp, grad_scale * static_cast<float>(s.mtp_scale));
+      else
+        p->loss(s.c, s.mtp);
+      s.mtp_loss = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &s.mtp_valid);
+    }
   }
   tensor::synchronize(s.c.ctx);
   s.forward_s = seconds_since(t0);

@@ -150,7 +150,8 @@ class DenseModel {
   /// the head and the loss against `targets` (both (B, T) i32, host memory; each read only
   /// where the stage needs it), with the gradient of grad_scale x the loss sum in place
   /// when `with_gradient` (the last stage keeps one record: its backward follows at once).
-  /// Returns the loss sum (0 without the head) and `valid_tokens` its count.
+  /// Returns the loss sum (0 without the head) and `valid_tokens` its count; with the MTP
+  /// module, its loss is last_mtp_loss()'s (with its gradient likewise).
   double stage_forward(std::size_t slot, const std::int32_t* tokens, const std::int32_t* targets,
                        float grad_scale, bool with_gradient, std::int64_t* valid_tokens = nullptr);
   /// The stage's backward of the micro-batch in record `slot` (after its stage_forward

@@ -296,6 +296,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       st.last = chunks.back().last;
       st.embedding = chunks.front().embedding;
       st.head = chunks.back().head;
+      st.embedding_copy = stages_share_embedding(c) && st.head && !st.embedding;
       st.parameters = part.params().parameter_count();
       st.in_flight = 0;
       std::int64_t moe_records = 0;
@@ -304,6 +305,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
         st.in_flight += chunk.slots;
         moe_records += moe_blocks_in(m, chunk) * chunk.slots;
       }
+      if (st.head && m.mtp_depth > 0 && m.moe_layer(m.n_layers)) ++moe_records;  // its record
+      if (st.embedding_copy)
+        plan.embedding_sum_bytes = static_cast<double>(m.vocab_size / slice.size * m.d_model) *
+                                   static_cast<double>(sizeof(float));
       own_experts = own_experts_of(part);  // (memory_of reads it) this stage's
       st.memory = memory_of(part.memory(), moe_records);
       if (s == 0 || st.memory.total() > mem.total()) {
@@ -396,6 +401,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
         sb.last = last;
         n += moe_blocks_in(m, sb);
       }
+      if (ps.head && m.mtp_depth > 0 && m.moe_layer(m.n_layers)) ++n;  // the MTP module's
       moe_blocks = std::max(moe_blocks, n);
     }
   }
@@ -535,9 +541,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // last chunk one.)
   const double boundaries =
       plan.chunks > 1 ? 2.0 * plan.chunks - 1.0 : (layout.pipeline > 2 ? 2.0 : 1.0);
-  const double p2p_bytes = layout.pipeline > 1 ? 2.0 * boundaries * plan.p2p_bytes_per_micro_batch *
-                                                     static_cast<double>(layout.grad_accum_steps)
-                                               : 0.0;
+  const double p2p_bytes = layout.pipeline > 1
+                               ? 2.0 * boundaries * plan.p2p_bytes_per_micro_batch *
+                                         static_cast<double>(layout.grad_accum_steps) +
+                                     plan.embedding_sum_bytes
+                               : 0.0;
   // Across nodes the ring runs at the network's rate; a host kind without one (the CPU
   // rows: one node) at the node's.
   const bool across_nodes =
@@ -662,6 +670,7 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
         what += (what.empty() ? "blocks " : ", ") + std::to_string(first) +
                 (last - 1 > first ? "-" + std::to_string(last - 1) : std::string());
       if (st.embedding) what = "embedding, " + what;
+      if (st.embedding_copy) what = "copy of the embedding, " + what;
       if (st.head) what += ", final norm, head, loss";
       row(("  stage " + std::to_string(s)).c_str(), bytes(st.memory.total()),
           "(" + what + "; " + format_count(static_cast<double>(st.parameters)) +
@@ -673,6 +682,12 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
     row("point-to-point", format_bytes(plan.p2p_bytes_per_micro_batch),
         "per micro-batch and stage boundary, each way (activations forward, their gradient "
         "backward; fp32)");
+    if (plan.embedding_sum_bytes > 0)
+      row("embedding group", format_bytes(plan.embedding_sum_bytes),
+          "per step, each way between stage 0 and stage " + std::to_string(plan.stages.size() - 1) +
+              " (the embedding table's gradient: " +
+              (c.model.tie_embeddings ? "tied to the head" : "read by the MTP module") +
+              " on the last stage, which holds a copy)");
   }
   char factor[32];
   std::snprintf(factor, sizeof factor, "%g", c.model.moe.capacity_factor);

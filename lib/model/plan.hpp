@@ -141,6 +141,8 @@ struct Plan {
     /// interleaved.
     std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
     bool embedding = false, head = false;
+    /// The last stage's copy of the embedding table (tied embeddings or the MTP module).
+    bool embedding_copy = false;
     std::int64_t parameters = 0;
     /// Activation records (micro-batches in flight, summed over the chunks).
     std::int64_t in_flight = 1;
@@ -154,6 +156,9 @@ struct Plan {
   /// Bytes a stage boundary carries per micro-batch in each direction (the activations
   /// forward, their gradient backward: micro-batch x seq_len x d_model fp32).
   double p2p_bytes_per_micro_batch = 0.0;
+  /// Stages sharing the embedding table (model::stages_share_embedding): the bytes of its
+  /// gradient each end sends the other per step (this rank's table slice, fp32); else 0.
+  double embedding_sum_bytes = 0.0;
   /// Expert parallelism (layout.expert > 1): the bytes one rank sends per step in one MoE
   /// layer's all-to-alls (dispatch and combine, forward and backward, every micro-batch;
   /// balanced load assumed); 0 without.

@@ -6,7 +6,10 @@
 /// layers: its ParamStore holds their parameters (the same names as the whole model's),
 /// its activation arena one record per micro-batch in flight (`slots`). The blocks may be
 /// dense or DeepSeekMoE (latent attention or not): each record of an MoE block has its
-/// own host routing. The MTP module and tied embeddings are whole-model only.
+/// own host routing. With tied embeddings or the MTP module (which both read the embedding
+/// table at the head's end) the last stage also holds a copy of the table, first in its
+/// store; the two ends sum their gradients of it before the data group's reduction (the
+/// trainer's "embedding group", Megatron-LM's name), so both copies take the same steps.
 ///
 /// Under the interleaved schedule (parallel.virtual_stages V > 1) a rank holds V chunks,
 /// each a StageBlocks of one virtual stage (rank_chunks): chunk c of rank p is virtual
@@ -61,6 +64,10 @@ int pipeline_chunks(const config::RunConfig& config);
 /// dst::Error for a rank outside [0, parallel.pipeline) and what chunk_in_flight refuses.
 std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
                                      std::int64_t micro_batches);
+
+/// Whether the last pipeline stage holds a copy of the embedding table: more than one
+/// stage, and tied embeddings or the MTP module (Transformer::holds_embedding_copy).
+bool stages_share_embedding(const config::RunConfig& config);
 
 /// The DeepSeekMoE blocks among `blocks`' (their layers [first, last)).
 std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blocks);

@@ -19,6 +19,12 @@ Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp,
   for (std::int64_t l = 0; l < m.n_layers; ++l)
     blocks_.emplace_back(m, l, tp.size, ep, tp.row_split() > 1);
   if (m.mtp_depth > 0) mtp_.emplace(m);
+  tied_ = m.tie_embeddings;
+}
+
+bool Transformer::holds_embedding_copy(const std::vector<StageBlocks>& chunks) const {
+  return !chunks.empty() && !chunks.front().embedding && chunks.back().head &&
+         (tied_ || mtp_.has_value());
 }
 
 std::vector<ParamSpec> Transformer::parameter_layout() const {
@@ -42,7 +48,7 @@ std::vector<ParamSpec> Transformer::parameter_layout(const StageBlocks& stage) c
 std::vector<ParamSpec> Transformer::parameter_layout(const std::vector<StageBlocks>& chunks) const {
   check_chunks(chunks);
   std::vector<ParamSpec> specs;
-  if (chunks.front().embedding) embedding_.declare(specs);
+  if (chunks.front().embedding || holds_embedding_copy(chunks)) embedding_.declare(specs);
   for (const StageBlocks& chunk : chunks)
     for (std::int64_t l = chunk.first, last = last_of(chunk, n_blocks()); l < last; ++l)
       blocks_[static_cast<std::size_t>(l)].declare(specs);
@@ -69,7 +75,7 @@ void Transformer::bind(const ParamStore& params, const StageBlocks& stage) {
 
 void Transformer::bind(const ParamStore& params, const std::vector<StageBlocks>& chunks) {
   check_chunks(chunks);
-  if (chunks.front().embedding) embedding_.bind(params);
+  if (chunks.front().embedding || holds_embedding_copy(chunks)) embedding_.bind(params);
   for (const StageBlocks& chunk : chunks)
     for (std::int64_t l = chunk.first, last = last_of(chunk, n_blocks()); l < last; ++l)
       blocks_[static_cast<std::size_t>(l)].bind(params);
@@ -145,6 +151,11 @@ std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blo
        ++l)
     n += m.moe_layer(l) ? 1 : 0;
   return n;
+}
+
+bool stages_share_embedding(const config::RunConfig& config) {
+  return config.parallel.pipeline > 1 &&
+         (config.model.tie_embeddings || config.model.mtp_depth > 0);
 }
 
 bool own_expert_storage(const config::RunConfig& config) {

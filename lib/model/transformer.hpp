@@ -62,6 +62,12 @@ class Transformer {
   const Head& head() const { return head_; }
   /// The multi-token prediction module (model.mtp_depth 1); nullptr without one.
   const MultiTokenPrediction* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
+  /// Whether a rank holding `chunks` keeps a copy of the embedding table: the last
+  /// pipeline stage without the embedding, when its head reads the table (tied
+  /// embeddings) or its MTP module embeds tokens. The copy is declared first (offset 0,
+  /// as on the first stage), under the table's name; the trainer sums the two stages'
+  /// gradients of it (model/stage.hpp).
+  bool holds_embedding_copy(const std::vector<StageBlocks>& chunks) const;
 
   /// Blocks [first, last) forward over B sequences of T tokens: block l reads acts[l].x
   /// and writes the next block's input acts[l + 1].x, the last one `out` (N, C).
@@ -84,6 +90,7 @@ class Transformer {
   std::vector<Block> blocks_;
   Head head_;
   std::optional<MultiTokenPrediction> mtp_;  // declared after the head
+  bool tied_ = false;                        // model.tie_embeddings
 };
 
 }  // namespace dst::model

@@ -19,6 +19,7 @@
 #include "core/flight_recorder.hpp"
 #include "core/log.hpp"
 #include "core/step_context.hpp"
+#include "model/layers/embedding.hpp"
 #include "model/pipeline_schedule.hpp"
 #include "runtime/signals.hpp"
 #include "tensor/memory.hpp"
@@ -153,9 +154,10 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
               .specs());
     // Where each stage's tensors stand in the whole model (the interleaved schedule's
     // chunks leave them out of the model's order).
-    for (const auto& specs : stage_specs_)
-      for (const model::ParamSpec& spec : specs)
-        model_index_.push_back(full_layout_->index_of(spec.name));
+    for (int s = 0; s < stages_; ++s)
+      for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)])
+        model_index_.push_back(is_embedding_copy(s, spec.name) ? kNoIndex
+                                                               : full_layout_->index_of(spec.name));
   }
   const std::size_t stage_elements = model::flat_buffer_elements(
       model::stage_parameter_layout(config.model, chunks, slice, experts));
@@ -244,14 +246,16 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     // Each stage's MoE blocks in its own order (its chunks in turn), and where each stands
     // among the model's MoE blocks (the interleaved schedule's chunks are not in the
     // model's order); this rank's MoE blocks before each of its chunks.
+    // The MTP module's block (layer n_layers) comes after the model's, with the head.
+    const std::int64_t L = config.model.n_layers + (config.model.mtp_depth > 0 ? 1 : 0);
     std::vector<std::int64_t> moe_layers;
-    for (std::int64_t l = 0; l < config.model.n_layers; ++l)
+    for (std::int64_t l = 0; l < L; ++l)
       if (config.model.moe_layer(l)) moe_layers.push_back(l);
     for (int s = 0; s < stages_; ++s) {
       std::size_t n = 0;
       for (const model::StageBlocks& b : model::rank_chunks(config, s, 0)) {
         if (s == stage_) chunk_moe_offset_.push_back(n);
-        for (std::int64_t l = b.first; l < b.last; ++l) {
+        for (std::int64_t l = b.first; l < (b.head ? L : b.last); ++l) {
           if (!config.model.moe_layer(l)) continue;
           ++n;
           moe_order_.push_back(static_cast<std::size_t>(
@@ -261,6 +265,18 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       stage_moe_blocks_.push_back(n);
     }
     moe_ = std::accumulate(stage_moe_blocks_.begin(), stage_moe_blocks_.end(), std::size_t{0}) > 0;
+  }
+  // Tied embeddings or the MTP module with stages: the table on stage 0, its copy on the
+  // last, each first in its store (model::Transformer::holds_embedding_copy).
+  embedding_copy_ = model::stages_share_embedding(config) && (stage_ == 0 || stage_ == stages_ - 1);
+  if (embedding_copy_) {
+    const auto& ps = model_->params();
+    const model::ParamSpec& table = ps.spec(ps.index_of(model::kEmbeddingTableName));
+    if (table.offset != 0)
+      throw Error("trainer: pipeline stage " + std::to_string(stage_) +
+                  " holds the embedding table at offset " + std::to_string(table.offset) +
+                  ", not first in its store");
+    embedding_elements_ = static_cast<std::size_t>(table.shape.numel());
   }
   // Expert parallelism: the MoE layers' routed experts split over the expert group.
   if (layout.expert > 1 && model_->moe_blocks() > 0) {
@@ -510,7 +526,19 @@ StepStats Trainer::step() {
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
   if (experts_) experts_->reset_traffic();
   if (tensor_parallel_) tensor_parallel_->reset_traffic();
-  if (stages_ > 1) pipeline_micro_batches(backward_scale, on_ready, loss_sum, valid, st);
+  if (stages_ > 1) {
+    // The embedding table's gradient (offset 0 on both ends) is the two ends' sum: its
+    // buckets wait for sum_embedding_copies() after the last backward.
+    const auto held = [&](std::size_t offset) { on_ready(std::max(offset, embedding_elements_)); };
+    pipeline_micro_batches(backward_scale,
+                           embedding_copy_ ? std::function<void(std::size_t)>(held)
+                                           : std::function<void(std::size_t)>(on_ready),
+                           loss_sum, mtp_sum, valid, st);
+    if (embedding_copy_) {
+      st.t_comm += sum_embedding_copies();
+      on_ready(0);
+    }
+  }
   for (std::size_t m = 0; stages_ == 1 && m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
     split_rows(mb, micro, T, tokens_.data(), targets_.data());
@@ -552,8 +580,9 @@ StepStats Trainer::step() {
   double sums[5] = {loss_sum, static_cast<double>(valid), first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
                     runtime::stop_signal() != 0 ? 1.0 : 0.0, mtp_sum};
   groups_.data->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
-  // Stages: the loss is the last stage's (the others add +0, exact), the flags everyone's.
-  if (stages_ > 1) groups_.pipeline->allreduce(sums, 4, DType::f64, comm::ReduceOp::sum);
+  // Stages: the losses are the last stage's (the others add +0, exact), the flags everyone's.
+  if (stages_ > 1)
+    groups_.pipeline->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
   // Tensor slices: the loss is the same on each (the cross-entropy is over the group), the
   // flags are each rank's own (a slice's gradient may overflow alone).
   if (tensor_ > 1) groups_.tensor->allreduce(sums + 2, 2, DType::f64, comm::ReduceOp::sum);
@@ -619,7 +648,7 @@ StepStats Trainer::step() {
     std::vector<std::size_t> counts;
     for (const auto& specs : stage_specs_)
       counts.push_back(specs.size());
-    std::vector<double> all(full_layout_->size());
+    std::vector<double> all(model_index_.size());
     std::size_t at = 0;
     for (int s = 0; s < stage_; ++s)
       at += counts[static_cast<std::size_t>(s)];
@@ -627,7 +656,7 @@ StepStats Trainer::step() {
     groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
     std::vector<double> in_order(all.size());
     for (std::size_t i = 0; i < all.size(); ++i)
-      in_order[model_index_[i]] = all[i];
+      if (model_index_[i] != kNoIndex) in_order[model_index_[i]] = all[i];
     sum_of_squares = 0.0;
     for (const double v : in_order)
       sum_of_squares += v;
@@ -858,7 +887,8 @@ double Trainer::settle_sends(bool all) {
 
 void Trainer::pipeline_micro_batches(float backward_scale,
                                      const std::function<void(std::size_t)>& on_ready,
-                                     double& loss_sum, std::int64_t& valid, StepStats& st) {
+                                     double& loss_sum, double& mtp_sum, std::int64_t& valid,
+                                     StepStats& st) {
   const std::int64_t micro = cfg_.training.micro_batch_size;
   const std::int64_t T = cfg_.data.seq_len;
   const std::size_t sample_len = static_cast<std::size_t>(T + 1);
@@ -901,6 +931,7 @@ void Trainer::pipeline_micro_batches(float backward_scale,
       loss_sum +=
           model_->stage_forward(record, tokens_.data(), targets_.data(), backward_scale, true, &v);
       valid += v;
+      if (last) mtp_sum += model_->last_mtp_loss();
       if (own_blocks > 0) {
         const std::vector<double> terms = model_->last_aux_losses();
         std::copy(terms.begin(), terms.end(),
@@ -927,6 +958,42 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   }
   waited += settle_sends(true);
   st.t_comm += waited;
+}
+
+bool Trainer::is_embedding_copy(int s, const std::string& name) const {
+  return s > 0 && s == stages_ - 1 && model::stages_share_embedding(cfg_) &&
+         name == model::kEmbeddingTableName;
+}
+
+double Trainer::sum_embedding_copies() {
+  const auto t0 = Clock::now();
+  const int peer = stage_ == 0 ? stages_ - 1 : 0;
+  float* grads = model_->params().grads_data();
+  const std::size_t n = embedding_elements_;
+  std::vector<float> theirs(n);
+  // A tag after every micro-batch's (pipeline_micro_batches: 2 (micro x chunks + chunk) + 1).
+  const int tag = static_cast<int>(2 * layout_.grad_accum_steps * chunks_ + 2);
+  core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
+                          ": summing the embedding table's gradient with stage " +
+                          std::to_string(peer));
+  comm::Request recv = groups_.pipeline->irecv(theirs.data(), n, DType::f32, peer, tag);
+  comm::Request send = groups_.pipeline->isend(grads, n, DType::f32, peer, tag);
+  try {
+    recv.wait();
+    send.wait();
+  } catch (const TimeoutError& e) {
+    comm::RankCoords other = comm::rank_coords(groups_.world->rank(), layout_);
+    other.pipeline = peer;
+    throw TimeoutError("pipeline stage " + std::to_string(stage_) +
+                       " exchanging the embedding table's gradient (tied embeddings or the MTP "
+                       "module) with stage " +
+                       std::to_string(peer) + " (world rank " +
+                       std::to_string(comm::world_rank_of(other, layout_)) + "): " + e.what());
+  }
+  // a + b == b + a in IEEE arithmetic: both ends hold the same bits.
+  for (std::size_t i = 0; i < n; ++i)
+    grads[i] += theirs[i];
+  return since(t0);
 }
 
 double Trainer::pipeline_aux_sum() {
@@ -1144,6 +1211,7 @@ std::vector<ckpt::TensorRef> Trainer::whole_model_tensors(bool params_only,
   for (std::size_t part = 0; part < (params_only ? 1u : 3u); ++part)
     for (int s = 0; s < stages_; ++s)
       for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)]) {
+        if (is_embedding_copy(s, spec.name)) continue;  // stage 0's table
         out.push_back({prefixes[part] + spec.name,
                        std::vector<std::int64_t>(spec.shape.dims.begin(),
                                                  spec.shape.dims.begin() + spec.shape.rank),
@@ -1359,8 +1427,10 @@ void Trainer::restore(ckpt::Reader& reader) {
         n *= static_cast<std::size_t>(d);
       buffer.resize(n);
       reader.read(wanted[i].name, wanted[i].shape, buffer.data());
-      if (owner[i] != stage_) continue;
       const auto found = index.find(wanted[i].name);
+      // Another stage's tensor, but for the embedding table of which the last stage holds a
+      // copy (it is in this rank's store: every other stage's tensor is not).
+      if (owner[i] != stage_ && found == index.end()) continue;
       if (found == index.end() && expert_owner(wanted[i].name) >= 0) continue;  // another's
       const std::size_t k = index.at(wanted[i].name);
       model::copy_slice_from_whole(ps.spec(k % ps.size()), buffer.data(),
@@ -1559,6 +1629,7 @@ void Trainer::check_consistency() {
     groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
     if (first == kNone) {
       if (expert_storage_) check_expert_consistency(prints);  // every stage's experts
+      if (model::stages_share_embedding(cfg_)) check_embedding_copies(prints);
       return;
     }
     name = full_layout_->spec(static_cast<std::size_t>(first)).name;
@@ -1598,6 +1669,34 @@ void Trainer::check_consistency() {
      << " differs from rank " << world_rank(0) << "'s on rank";
   for (const int r : differ)
     os << " " << world_rank(r);
+  throw CollectiveError(os.str(), kExitDiverged);
+}
+
+void Trainer::check_embedding_copies(const std::vector<std::uint64_t>& prints) {
+  const auto& ps = model_->params();
+  std::uint64_t mine =
+      embedding_copy_ ? prints[ps.index_of(model::kEmbeddingTableName)] : std::uint64_t{0};
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(stages_));
+  groups_.pipeline->allgather(&mine, all.data(), 1, DType::u64);
+  // This pipeline group's two ends, when their tables differ: (last end's world rank) x
+  // world + (first end's), the highest over the world (every rank stops alike).
+  comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
+  const std::int64_t world = groups_.world->size();
+  std::int64_t bad = -1;
+  if (all.front() != all.back()) {
+    c.pipeline = stages_ - 1;
+    bad = comm::world_rank_of(c, layout_) * world;
+    c.pipeline = 0;
+    bad += comm::world_rank_of(c, layout_);
+  }
+  groups_.world->allreduce(&bad, 1, DType::i64, comm::ReduceOp::max);
+  if (bad < 0) return;
+  std::ostringstream os;
+  os << "parameters differ between ranks at step " << step_ << ": the copy of "
+     << model::kEmbeddingTableName << " on rank " << bad / world << " (pipeline stage "
+     << stages_ - 1 << ", read by "
+     << (cfg_.model.tie_embeddings ? "the tied head" : "the MTP module")
+     << ") differs from the table on rank " << bad % world << " (stage 0)";
   throw CollectiveError(os.str(), kExitDiverged);
 }
 

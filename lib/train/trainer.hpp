@@ -321,8 +321,26 @@ class Trainer {
   /// its own store): a checkpoint's tensors are every stage's, gathered.
   std::unique_ptr<model::ParamStore> full_layout_;
   std::vector<std::vector<model::ParamSpec>> stage_specs_;
-  /// The whole-model index of each of stage_specs_' tensors, stage 0's first.
+  /// The whole-model index of each of stage_specs_' tensors, stage 0's first (the last
+  /// stage's copy of the embedding table: kNoIndex, counted once, from stage 0).
   std::vector<std::size_t> model_index_;
+  static constexpr std::size_t kNoIndex = static_cast<std::size_t>(-1);
+  /// Tied embeddings or the MTP module with stages (model::stages_share_embedding): this
+  /// rank holds the embedding table (stage 0) or its copy (the last stage), in both at
+  /// offset 0 of the store, embedding_elements_ floats. Their gradients are summed over
+  /// the two (sum_embedding_copies) before the data group's reduction of them.
+  bool embedding_copy_ = false;
+  std::size_t embedding_elements_ = 0;
+  /// Whether stage s's tensor `name` is the last stage's copy of the embedding table.
+  bool is_embedding_copy(int s, const std::string& name) const;
+  /// Adds the other end's gradient of the embedding table to this rank's (point-to-point
+  /// with the peer stage, under the pipeline group's deadline): both ends then hold the
+  /// same sum. Returns the seconds spent.
+  double sum_embedding_copies();
+  /// The consistency check of the two ends' tables (`prints`: this rank's fingerprints in
+  /// store order): throws CollectiveError (exit 6) on every rank when a copy differs.
+  /// Collective over the pipeline group and the world.
+  void check_embedding_copies(const std::vector<std::uint64_t>& prints);
   /// Sends to a neighbouring stage in flight, each with its own copy of the data; waited
   /// before the step ends.
   struct PendingSend {
@@ -348,11 +366,12 @@ class Trainer {
   double settle_sends(bool all);
   /// The 1F1B or interleaved order of this stage over the step's micro-batches
   /// (model/pipeline_schedule):
-  /// adds the loss sum and its tokens (last stage) and the phase timers; keeps the balance
+  /// adds the loss sum and its tokens, the MTP module's loss sum (last stage) and the phase
+  /// timers; keeps the balance
   /// loss of this stage's MoE blocks per micro-batch in stage_aux_.
   void pipeline_micro_batches(float backward_scale,
                               const std::function<void(std::size_t)>& on_ready, double& loss_sum,
-                              std::int64_t& valid, StepStats& st);
+                              double& mtp_sum, std::int64_t& valid, StepStats& st);
   /// The step's balance loss of the whole model: every stage's stage_aux_ (one all-gather
   /// over the pipeline group) added in a one-stage run's order, per micro-batch the blocks'
   /// from 0, then those sums: the same double. Collective over the pipeline group.

@@ -9,7 +9,7 @@
 namespace dst::model {
 
 namespace {
-constexpr const char* kTableName = "model.embed_tokens.weight";
+constexpr const char* kTableName = kEmbeddingTableName;
 }  // namespace
 
 Embedding::Embedding(std::int64_t vocab, std::int64_t dim, int tensor_parallel)

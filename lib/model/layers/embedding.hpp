@@ -11,6 +11,9 @@
 
 namespace dst::model {
 
+/// The table's parameter name (the head's too when the embeddings are tied).
+inline constexpr const char* kEmbeddingTableName = "model.embed_tokens.weight";
+
 class Embedding {
  public:
   /// `tensor_parallel` T: this rank holds vocab / T rows of the table, its slice

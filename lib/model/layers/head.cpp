@@ -8,13 +8,14 @@
 #include "blas/gemm.hpp"
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers/embedding.hpp"
 #include "model/layers/tensor_parallel.hpp"
 
 namespace dst::model {
 
 namespace {
 constexpr const char* kHeadName = "lm_head.weight";
-constexpr const char* kTiedName = "model.embed_tokens.weight";  // Embedding's table
+constexpr const char* kTiedName = kEmbeddingTableName;  // Embedding's table
 }  // namespace
 
 Head::Head(const config::ModelSection& m, int tensor_parallel)

@@ -246,6 +246,22 @@ TEST(Plan, PipelineStagesHoldTheirLayers) {
   EXPECT_GT(inter.stages[0].memory.activations, staged.stages[0].memory.activations);
   EXPECT_LT(inter.step.compute_s, staged.step.compute_s);
   EXPECT_GT(inter.step.comm_s, staged.step.comm_s);
+  EXPECT_FALSE(inter.stages[1].embedding_copy);
+  EXPECT_EQ(inter.embedding_sum_bytes, 0.0);
+
+  // Tied embeddings: the last stage holds a copy of the table (its parameters and memory)
+  // and the two ends exchange its gradient once per step.
+  c.parallel.pipeline_schedule = dst::config::PipelineSchedule::one_f_one_b;
+  c.parallel.virtual_stages = 1;
+  c.model.tie_embeddings = true;
+  const auto tied = dst::model::make_plan(c, pp2);
+  const std::int64_t table = c.model.vocab_size * c.model.d_model;
+  ASSERT_EQ(tied.stages.size(), 2u);
+  EXPECT_FALSE(tied.stages[0].embedding_copy);
+  EXPECT_TRUE(tied.stages[1].embedding_copy);
+  EXPECT_EQ(tied.stages[0].parameters + tied.stages[1].parameters, tied.params.total() + table);
+  EXPECT_EQ(tied.stages[1].parameters, staged.stages[1].parameters);  // the copy for lm_head
+  EXPECT_DOUBLE_EQ(tied.embedding_sum_bytes, static_cast<double>(table) * 4.0);
 }
 
 // Stages holding DeepSeekMoE blocks (DeepSeek-V2-Lite: 27 blocks, block 0 dense): each

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -595,6 +596,89 @@ TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
       EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<std::size_t>(x.numel()) * sizeof(float)), 0)
           << spec.name;
     }
+}
+
+// Tied embeddings and the MTP module on two stages: the last one holds a copy of the
+// embedding table (first in its store), into which the tied head and the MTP module's
+// embedding add their gradients; stage 0's table gets the embedding's. Their sum is the
+// whole model's gradient (within rounding: the whole model adds the contributions micro-
+// batch by micro-batch, the stages each end's over the micro-batches, then the two); every
+// other gradient, the loss and the MTP loss are the whole model's bit for bit.
+TEST(PipelineStages, TheLastStagesCopyOfTheTableSumsToTheWholeModelsGradient) {
+  auto m = three_blocks();
+  m.tie_embeddings = true;
+  m.mtp_depth = 1;
+  const std::int64_t B = 2, T = 4, N = B * T;
+  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  whole.params().initialize(7);
+  whole.refresh_compute_params();
+  dst::model::StageBlocks first = one_block(0, true, false, 2), last = one_block(1, false, true, 1);
+  last.last = 3;
+  std::vector<std::unique_ptr<DenseModel>> stages;
+  for (const auto& blocks : {first, last}) {
+    stages.push_back(std::make_unique<DenseModel>(
+        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
+        nullptr, dst::config::Recompute::none, false, blocks));
+    stages.back()->params().initialize(7);
+    stages.back()->refresh_compute_params();
+  }
+  const std::string table = dst::model::kEmbeddingTableName;
+  ASSERT_EQ(stages[1]->params().spec(0).name, table);  // the copy, at offset 0
+  EXPECT_EQ(stages[1]->params().spec(0).offset, 0u);
+  EXPECT_EQ(stages[0]->params().parameter_count() + stages[1]->params().parameter_count(),
+            whole.params().parameter_count() + m.vocab_size * m.d_model);
+  // A stage without the head keeps no copy; neither does a last stage reading no table.
+  dst::config::ModelSection plain = three_blocks();
+  EXPECT_NE(dst::model::stage_parameter_layout(plain, last).front().name, table);
+  EXPECT_EQ(dst::model::stage_parameter_layout(m, one_block(1, false, false, 1)).front().name,
+            "model.layers.1.input_layernorm.weight");
+
+  const auto copy = [](const Tensor& from, const Tensor& to) {
+    std::memcpy(to.data, from.data, static_cast<std::size_t>(from.numel()) * sizeof(float));
+  };
+  whole.params().zero_grads();
+  for (auto& s : stages)
+    s->params().zero_grads();
+  double whole_loss = 0.0, staged_loss = 0.0, whole_mtp = 0.0, staged_mtp = 0.0;
+  for (int micro = 0; micro < 2; ++micro) {
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(N)), targets(tokens.size());
+    for (std::int64_t i = 0; i < N; ++i) {
+      tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 5 + micro * 3) % 13);
+      targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + micro) % 13);
+    }
+    whole_loss += whole.forward_backward(tokens.data(), targets.data(), 0.25f);
+    whole_mtp += whole.last_mtp_loss();
+    const auto slot = static_cast<std::size_t>(micro);
+    stages[0]->stage_forward(slot, tokens.data(), targets.data(), 0.25f, true);
+    copy(stages[0]->stage_output(slot), stages[1]->stage_input(0));
+    staged_loss += stages[1]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true);
+    staged_mtp += stages[1]->last_mtp_loss();
+    stages[1]->stage_backward(0);
+    copy(stages[1]->stage_gradient(), stages[0]->stage_gradient());
+    stages[0]->stage_backward(slot);
+  }
+  EXPECT_EQ(staged_loss, whole_loss);
+  EXPECT_EQ(staged_mtp, whole_mtp);
+  EXPECT_GT(whole_mtp, 0.0);
+  for (const auto& s : stages)
+    for (const auto& spec : s->params().specs()) {
+      if (spec.name == table) continue;
+      const Tensor a = s->params().grad(spec.name), b = whole.params().grad(spec.name);
+      ASSERT_EQ(a.numel(), b.numel()) << spec.name;
+      EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<std::size_t>(a.numel()) * sizeof(float)), 0)
+          << spec.name;
+    }
+  const Tensor g0 = stages[0]->params().grad(table), g1 = stages[1]->params().grad(table),
+               g = whole.params().grad(table);
+  double worst = 0.0, largest = 0.0, head_part = 0.0;
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    const double sum = static_cast<double>(g0.ptr<float>()[i]) + g1.ptr<float>()[i];
+    worst = std::max(worst, std::abs(sum - g.ptr<float>()[i]));
+    largest = std::max(largest, std::abs(static_cast<double>(g.ptr<float>()[i])));
+    head_part = std::max(head_part, std::abs(static_cast<double>(g1.ptr<float>()[i])));
+  }
+  EXPECT_GT(head_part, 1e-3 * largest);  // the copy's part is no rounding error
+  EXPECT_LE(worst, 1e-6 * largest);
 }
 
 TEST(PipelineStages, StageBlocksFromTheDeck) {
