@@ -523,10 +523,9 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
   const auto refuse = [&](const char* key, const std::string& what) {
     fail_combination(given, fallback, {key, "parallel.tensor"},
                      what + " is not supported yet with parallel.tensor " + s(T) +
-                         " (tensor parallelism is built for the dense decoder on host memory); "
-                         "set parallel.tensor: 1");
+                         " (tensor parallelism is built for dense decoders, of standard or "
+                         "latent attention, on host memory); set parallel.tensor: 1");
   };
-  if (m.mla()) refuse("model.kv_lora_rank", "latent attention (model.kv_lora_rank > 0)");
   if (m.n_routed_experts > 0)
     refuse("model.n_routed_experts",
            "a DeepSeekMoE model (model.n_routed_experts " + s(m.n_routed_experts) + ")");
@@ -537,8 +536,8 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
     refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
   if (c.parallel.backend == ParallelBackend::nccl)
     refuse("parallel.backend", "parallel.backend nccl");
-  if (m.mla() || m.n_routed_experts > 0) return;
-  divides("model.n_heads", m.n_heads, "attention heads");
+  if (m.n_routed_experts > 0) return;
+  divides("model.n_heads", m.n_heads, "attention heads");  // latent attention's too
   // Key/value heads split like the query heads (each rank's query heads read its own key/
   // value heads) when T divides them; fewer than T: each is replicated on T / n_kv_heads
   // ranks (Megatron-LM's rule), which needs n_kv_heads to divide T.

@@ -394,9 +394,9 @@ void visit_parallel(V& v, S&... s) {
                "model.n_heads, ffn_dim and vocab_size, and divides model.n_kv_heads or is a "
                "multiple of it (fewer key/value heads than ranks: each is replicated on "
                "tensor / n_kv_heads ranks, as Megatron-LM does). The world is pipeline x "
-               "data x tensor ranks. Dense decoder on host memory only for now: not with "
-               "latent attention, DeepSeekMoE, the MTP module, kernels.backend "
-               "cuda or parallel.backend nccl.")
+               "data x tensor ranks. Latent attention splits by heads too (its latents "
+               "replicated). Dense MLPs on host memory only for now: not with DeepSeekMoE, "
+               "the MTP module, kernels.backend cuda or parallel.backend nccl.")
               .at_least(1)
               .at_most(kIntMax),
           s.tensor...);

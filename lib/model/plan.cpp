@@ -522,6 +522,25 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                                       format_count(kv_calls) + " per step)",
                                   kv_buffer, kv_bytes});
     }
+    // Latent attention (layers/latent_attention.cpp): per micro-batch and block, the
+    // backward sums the gradients of the latents every rank computes alike over the group,
+    // (micro x seq_len, q_lora + kv_lora + rope) fp32 in two or three all-reduces.
+    if (m.mla()) {
+      const double latent_calls = (m.q_lora_rank > 0 ? 3.0 : 2.0) * static_cast<double>(blocks) *
+                                  static_cast<double>(layout.grad_accum_steps);
+      const double width = static_cast<double>(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim);
+      const double latent_bytes = static_cast<double>(blocks) * micro *
+                                  static_cast<double>(c.training.micro_batch_size) *
+                                  static_cast<double>(T) * width * sizeof(float) * ring;
+      plan.tensor_allreduces_per_step += latent_calls;
+      plan.tensor_bytes_per_step += latent_bytes;
+      plan.collectives.push_back(
+          {"all-reduce of the latents' gradients over the tensor group (latent attention; " +
+               format_count(latent_calls) + " per step)",
+           static_cast<double>(c.training.micro_batch_size) * static_cast<double>(T) * width *
+               sizeof(float),
+           latent_bytes});
+    }
   }
 
   // The step's time on the host kind's rates: every executed FLOP at the matrix-product

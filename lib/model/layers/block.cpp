@@ -34,9 +34,10 @@ Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_paral
       model_dense_mlp_(m.n_routed_experts == 0 || m.first_k_dense_replace > 0),
       C_(m.d_model),
       row_split_(sequence_parallel ? tensor_parallel : 1) {
-  if (row_split_ > 1 && (m.mla() || m.moe_layer(layer)))
-    throw Error("model: sequence parallelism is built for dense blocks of standard attention only");
-  if (m.mla()) mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m));
+  if (row_split_ > 1 && m.moe_layer(layer))
+    throw Error("model: sequence parallelism is built for dense blocks only");
+  if (m.mla())
+    mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m), tensor_parallel);
   if (m.moe_layer(layer)) moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m), ep);
   if (m.n_routed_experts > 0) model_moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m));
 }
@@ -163,7 +164,10 @@ void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std:
     // summed over the group and scattered back to this rank's rows.
     const Compute part = part_context(c);
     c.tensor->all_gather(a.norm1.out, a.gathered);
-    attn_.forward(part, rope, B, T, a.gathered, a.attn, a.partial);
+    if (mla_)
+      mla_->forward(part, rope, B, T, a.gathered, a.mla, a.partial);
+    else
+      attn_.forward(part, rope, B, T, a.gathered, a.attn, a.partial);
     c.tensor->reduce_scatter(a.partial, a.mid);
   } else if (mla_) {
     mla_->forward(c, rope, B, T, a.norm1.out, a.mla, a.mid, latent_cache);
@@ -216,7 +220,10 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
   if (row_split_ > 1) {
     split_backward(c, rows(B, T), a, norm1_, a.x, a.norm1, s, d_x,
                    [&](const Compute& part, const tensor::Tensor& dout, const tensor::Tensor& in) {
-                     attn_.backward(part, rope, B, T, dout, in, a.attn, s.attn, s.d_ln);
+                     if (mla_)
+                       mla_->backward(part, rope, B, T, dout, in, a.mla, s.mla, s.d_ln);
+                     else
+                       attn_.backward(part, rope, B, T, dout, in, a.attn, s.attn, s.d_ln);
                    });
   } else {
     if (mla_)

@@ -65,8 +65,8 @@ struct BlockScratch {
 class Block {
  public:
   /// Block `layer` (0-based) of the model `m`: its parameters are "model.layers.<layer>.*".
-  /// `tensor_parallel` T > 1: this rank's slice of its attention and MLP (dense blocks
-  /// only; tensor_parallel.hpp).
+  /// `tensor_parallel` T > 1: this rank's slice of its attention (standard or latent) and
+  /// MLP (dense blocks only; tensor_parallel.hpp).
   /// `ep`: expert parallelism's storage (an MoE block holds its slice of the routed
   /// experts only; moe_dispatch.hpp).
   /// `sequence_parallel` (with tensor_parallel T > 1): x, mid, out and the norms are this

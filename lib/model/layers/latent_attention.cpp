@@ -20,15 +20,17 @@ constexpr float kLatentNormEps = 1.0e-6f;
 
 }  // namespace
 
-LatentAttention::LatentAttention(std::string prefix, const config::ModelSection& m, float out_std)
+LatentAttention::LatentAttention(std::string prefix, const config::ModelSection& m, float out_std,
+                                 int tensor_parallel)
     : prefix_(std::move(prefix)),
       C_(m.d_model),
-      H_(m.n_heads),
+      H_(m.n_heads / tensor_parallel),
       q_lora_(m.q_lora_rank),
       kv_lora_(m.kv_lora_rank),
       nope_(m.qk_nope_head_dim),
       rope_(m.qk_rope_head_dim),
       v_(m.v_head_dim),
+      tp_(tensor_parallel),
       out_std_(out_std),
       // YaRN: DeepSeek's mscale^2 on the softmax scale, in double as transformers.
       scale_(m.rope_scaling.type == config::RopeScalingType::none
@@ -37,7 +39,12 @@ LatentAttention::LatentAttention(std::string prefix, const config::ModelSection&
                        yarn::softmax_factor(m.rope_scaling) /
                        std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim)))),
       q_norm_(prefix_ + "q_a_layernorm.weight", m.q_lora_rank, kLatentNormEps),
-      kv_norm_(prefix_ + "kv_a_layernorm.weight", m.kv_lora_rank, kLatentNormEps) {}
+      kv_norm_(prefix_ + "kv_a_layernorm.weight", m.kv_lora_rank, kLatentNormEps) {
+  if (tensor_parallel < 1 || m.n_heads % tensor_parallel != 0)
+    throw Error("model: tensor parallelism over " + std::to_string(tensor_parallel) +
+                " ranks needs the latent attention's " + std::to_string(m.n_heads) +
+                " heads to divide among them");
+}
 
 void LatentAttention::declare(std::vector<ParamSpec>& specs) const {
   const std::int64_t qk = nope_ + rope_;
@@ -157,6 +164,7 @@ void LatentAttention::forward(const Compute& c, const Rope& rope, std::int64_t B
   }
   c.store(a.attn);
   blas::linear_forward(c.ctx, a.attn, c.weight(o_), out);
+  c.reduce_partial(out);  // tensor parallelism: this rank's heads' share of the output
 }
 
 void LatentAttention::core_forward(const Compute& c, std::int64_t B, std::int64_t T,
@@ -252,24 +260,42 @@ void LatentAttention::backward(const Compute& c, const Rope& rope, std::int64_t 
   c.store(s.d_k_pe);
   // Keys and values: kv_b_proj, the latent's norm, kv_a_proj_with_mqa's two row blocks.
   blas::linear_backward(c.ctx, s.d_kv, a.kv_norm.out, c.weight(kv_b_), s.d_kv_n, c.grad(kv_b_));
+  // Tensor parallelism: the latents' gradients are this rank's heads' shares until summed
+  // over the group (the file comment); their input gradient is then whole on every rank,
+  // and only the group's first rank adds it to dx (`whole_dx`), which the group sums.
+  c.reduce_replicated(s.d_kv_n);
+  c.reduce_replicated(s.d_k_pe);
+  const bool whole_dx = tp_ == 1 || c.tensor_rank() == 0;
+  const Tensor none;
+  bool written = false;  // dx is written by its first product, accumulated by the others
+  const auto into_dx = [&](bool whole) -> const Tensor& { return whole && !whole_dx ? none : dx; };
+  const auto accumulate = [&](bool whole) {
+    const bool was = written;
+    written = written || !whole || whole_dx;
+    return was;
+  };
   kernels::zero(c.ctx, s.d_c_kv);  // the norm's backward accumulates
   kv_norm_.backward(c, s.d_kv_n, a.c_kv, a.kv_norm, s.d_c_kv);
   c.store(s.d_c_kv);
   const Tensor w_kv_a = c.weight(kv_a_), g_kv_a = c.grad(kv_a_);
-  blas::linear_backward(c.ctx, s.d_c_kv, x, row_range(w_kv_a, 0, kv_lora_), dx,
-                        row_range(g_kv_a, 0, kv_lora_));
-  blas::linear_backward(c.ctx, s.d_k_pe, x, row_range(w_kv_a, kv_lora_, rope_), dx,
-                        row_range(g_kv_a, kv_lora_, rope_), true);
+  blas::linear_backward(c.ctx, s.d_c_kv, x, row_range(w_kv_a, 0, kv_lora_), into_dx(true),
+                        row_range(g_kv_a, 0, kv_lora_), accumulate(true));
+  blas::linear_backward(c.ctx, s.d_k_pe, x, row_range(w_kv_a, kv_lora_, rope_), into_dx(true),
+                        row_range(g_kv_a, kv_lora_, rope_), accumulate(true));
   // Queries.
   if (q_lora_ > 0) {
     blas::linear_backward(c.ctx, s.d_q, a.q_norm.out, c.weight(q_b_), s.d_q_n, c.grad(q_b_));
+    c.reduce_replicated(s.d_q_n);
     kernels::zero(c.ctx, s.d_q_a);
     q_norm_.backward(c, s.d_q_n, a.q_a, a.q_norm, s.d_q_a);
     c.store(s.d_q_a);
-    blas::linear_backward(c.ctx, s.d_q_a, x, c.weight(q_a_), dx, c.grad(q_a_), true);
+    blas::linear_backward(c.ctx, s.d_q_a, x, c.weight(q_a_), into_dx(true), c.grad(q_a_),
+                          accumulate(true));
   } else {
-    blas::linear_backward(c.ctx, s.d_q, x, c.weight(q_), dx, c.grad(q_), true);
+    blas::linear_backward(c.ctx, s.d_q, x, c.weight(q_), dx, c.grad(q_), accumulate(false));
   }
+  if (!written) kernels::zero(c.ctx, dx);  // a rank whose heads' share of dx is nothing
+  c.reduce_partial(dx);  // tensor parallelism: the heads' shares, the latents' once
 }
 
 void LatentAttention::core_backward(const Compute& c, std::int64_t B, std::int64_t T,

@@ -17,6 +17,18 @@
 /// are never expanded: kv_b_proj's key rows are absorbed into the query (q_nope W_UK, a
 /// kv_lora-wide query per head) and its value rows applied after the probabilities (the
 /// weighted sum of latents, then W_UV), the same products in another association.
+///
+/// Tensor parallelism (parallel.tensor T, tensor_parallel.hpp): each rank holds H / T heads:
+/// q_proj or q_b_proj and kv_b_proj by their heads' output rows, o_proj by their input
+/// columns, whose output is a partial sum over the group as in standard attention. The
+/// latents' projections and norms (q_a_proj, q_a_layernorm, kv_a_proj_with_mqa,
+/// kv_a_layernorm) are replicated: every rank computes the same latents. In backward their
+/// gradients (d of the normalised latents, d of the RoPE key) arrive as each rank's heads'
+/// shares; one all-reduce over the group makes them whole (q_lora + kv_lora + rope floats
+/// per token and layer), so the replicated weights' gradients are the same on every rank
+/// from the start (as the shared key/value heads of standard attention), and their input
+/// gradient, whole on every rank, is added by the group's first rank only before the
+/// group's sum of the input gradient.
 
 #include <cstddef>
 #include <cstdint>
@@ -73,7 +85,10 @@ class LatentAttention {
   /// `prefix`: the parameter names' ("model.layers.0.self_attn."); the shape from `m`
   /// (d_model, n_heads, q_lora_rank, kv_lora_rank, the head dims). `out_std`: o_proj's
   /// initial standard deviation.
-  LatentAttention(std::string prefix, const config::ModelSection& m, float out_std);
+  /// `tensor_parallel` T: this rank's H / T heads (see the file comment; T must divide
+  /// n_heads).
+  LatentAttention(std::string prefix, const config::ModelSection& m, float out_std,
+                  int tensor_parallel = 1);
 
   /// In transformers' order: q_proj (H*qk, C) or q_a_proj (q_lora, C), q_a_layernorm,
   /// q_b_proj (H*qk, q_lora); kv_a_proj_with_mqa (kv_lora + rope, C), kv_a_layernorm,
@@ -121,7 +136,8 @@ class LatentAttention {
                    const LatentKVCache& cache) const;
 
   std::string prefix_;
-  std::int64_t C_, H_, q_lora_, kv_lora_, nope_, rope_, v_;
+  std::int64_t C_, H_, q_lora_, kv_lora_, nope_, rope_, v_;  ///< H_: this rank's heads
+  int tp_ = 1;
   float out_std_;
   float scale_;  // 1 / sqrt(nope + rope)
   RmsNorm q_norm_, kv_norm_;

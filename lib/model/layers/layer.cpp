@@ -25,6 +25,14 @@ void Compute::reduce_kv_replicas(const tensor::Tensor& t) const {
   if (tensor != nullptr) tensor->all_reduce_kv_replicas(t);
 }
 
+void Compute::reduce_replicated(const tensor::Tensor& t) const {
+  if (tensor != nullptr && tensor->size() > 1) tensor->all_reduce(t);
+}
+
+int Compute::tensor_rank() const {
+  return tensor != nullptr ? tensor->rank() : 0;
+}
+
 void add_param(std::vector<ParamSpec>& specs, std::string name, const tensor::Shape& shape,
                Init init, float std, bool weight_decay, Split split) {
   specs.push_back(ParamSpec{std::move(name), shape, init, std, weight_decay, 0, split});

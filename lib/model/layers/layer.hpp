@@ -75,6 +75,12 @@ struct Compute {
   /// `t`, this rank's share of a shared head's activation gradient, becomes the sum over
   /// the ranks sharing it. Nothing without such ranks.
   void reduce_kv_replicas(const tensor::Tensor& t) const;
+  /// Tensor parallelism: `t`, this rank's share of the gradient of an activation every
+  /// rank computes alike (latent attention's latents), becomes the sum over the tensor
+  /// group, also under sequence parallelism (keep_partial). Nothing without a group.
+  void reduce_replicated(const tensor::Tensor& t) const;
+  /// This rank's place in the tensor group (0 without one).
+  int tensor_rank() const;
 };
 
 /// Called during backward each time the gradients of every parameter at flat-buffer

@@ -1250,8 +1250,15 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
   EXPECT_TRUE(Contains(load_error("model: {vocab_size: 258}\nparallel: {tensor: 4}\n"),
                        "does not divide model.vocab_size (258)"));
   EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2}\n"),
-                       "latent attention (model.kv_lora_rank > 0) is not supported yet with "
-                       "parallel.tensor 2"));
+                       "parallel.tensor: a DeepSeekMoE model (model.n_routed_experts 8) is "
+                       "not supported yet with parallel.tensor 2"));
+  // Latent attention splits by heads (its latents replicated), also with sequence parallelism.
+  EXPECT_EQ(load_error("model: {preset: tiny-moe, n_routed_experts: 0}\nparallel: {tensor: 4, "
+                       "sequence_parallel: true}\n"),
+            "<no error>");
+  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, n_routed_experts: 0}\nparallel: "
+                                  "{tensor: 8}\n"),
+                       "parallel.tensor (8) does not divide model.n_heads (4)"));
   // Tied embeddings split alike: the head reads the embedding's vocabulary rows.
   EXPECT_TRUE(load("model: {tie_embeddings: true}\nparallel: {tensor: 2}\n").model.tie_embeddings);
   EXPECT_TRUE(Contains(load_error("kernels: {backend: cuda}\nparallel: {tensor: 2}\n"),
