@@ -523,12 +523,17 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
   const auto refuse = [&](const char* key, const std::string& what) {
     fail_combination(given, fallback, {key, "parallel.tensor"},
                      what + " is not supported yet with parallel.tensor " + s(T) +
-                         " (tensor parallelism is built for dense decoders, of standard or "
-                         "latent attention, on host memory); set parallel.tensor: 1");
+                         " (tensor parallelism is built for decoders of standard or latent "
+                         "attention, dense or DeepSeekMoE, on host memory); set "
+                         "parallel.tensor: 1");
   };
-  if (m.n_routed_experts > 0)
-    refuse("model.n_routed_experts",
-           "a DeepSeekMoE model (model.n_routed_experts " + s(m.n_routed_experts) + ")");
+  if (m.n_routed_experts > 0 && c.parallel.sequence_parallel)
+    fail_combination(given, fallback, {"parallel.sequence_parallel", "model.n_routed_experts"},
+                     "parallel.sequence_parallel is not supported yet with a DeepSeekMoE model "
+                     "(model.n_routed_experts " +
+                         s(m.n_routed_experts) +
+                         "): its MoE layers take whole token rows; set "
+                         "parallel.sequence_parallel: false");
   if (m.mtp_depth > 0)
     refuse("model.mtp_depth",
            "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
@@ -536,7 +541,6 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
     refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
   if (c.parallel.backend == ParallelBackend::nccl)
     refuse("parallel.backend", "parallel.backend nccl");
-  if (m.n_routed_experts > 0) return;
   divides("model.n_heads", m.n_heads, "attention heads");  // latent attention's too
   // Key/value heads split like the query heads (each rank's query heads read its own key/
   // value heads) when T divides them; fewer than T: each is replicated on T / n_kv_heads
@@ -549,7 +553,9 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
                          s(m.n_kv_heads) +
                          "): each rank of a tensor group holds the same share of the key/value "
                          "heads (T / n_kv_heads ranks share each head when T > n_kv_heads)");
-  divides("model.ffn_dim", m.ffn_dim, "MLP's hidden columns");
+  // (A DeepSeekMoE layer is not split: only the dense blocks' MLPs.)
+  if (m.n_routed_experts == 0 || m.first_k_dense_replace > 0)
+    divides("model.ffn_dim", m.ffn_dim, "MLP's hidden columns");
   divides("model.vocab_size", m.vocab_size, "vocabulary (embedding and head rows)");
 }
 

@@ -395,8 +395,10 @@ void visit_parallel(V& v, S&... s) {
                "multiple of it (fewer key/value heads than ranks: each is replicated on "
                "tensor / n_kv_heads ranks, as Megatron-LM does). The world is pipeline x "
                "data x tensor ranks. Latent attention splits by heads too (its latents "
-               "replicated). Dense MLPs on host memory only for now: not with DeepSeekMoE, "
-               "the MTP module, kernels.backend cuda or parallel.backend nccl.")
+               "replicated); a DeepSeekMoE layer is computed whole on every rank of the group "
+               "(its parameters replicated; expert parallelism splits its experts). On host "
+               "memory only for now: not with the MTP module, kernels.backend cuda or "
+               "parallel.backend nccl.")
               .at_least(1)
               .at_most(kIntMax),
           s.tensor...);

@@ -475,7 +475,14 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       blocks = *std::max_element(per_rank.begin(), per_rank.end());
     }
     const bool again = c.training.recompute == config::Recompute::full;
-    const double per_block = sp ? (again ? 7.0 : 5.0) : (again ? 6.0 : 4.0);
+    // A DeepSeekMoE block's MLP is whole on every rank (block.hpp): its attention's
+    // all-reduces only (sequence parallelism is refused with MoE blocks); the blocks' mix
+    // of the whole model stands for a stage's.
+    const double moe_fraction =
+        static_cast<double>(plan.params.moe_layers) / static_cast<double>(m.n_layers);
+    const double per_block =
+        sp ? (again ? 7.0 : 5.0)
+           : (again ? 6.0 : 4.0) * (1.0 - moe_fraction) + (again ? 3.0 : 2.0) * moe_fraction;
     const double ends = 2.0;
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;
@@ -551,9 +558,21 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // bubble; its sends and receives (activations forward, gradients backward, one of each
   // per micro-batch and boundary: a middle stage has two boundaries) with the collectives.
   const double P = static_cast<double>(layout.pipeline);
+  // Tensor parallelism splits every layer but the DeepSeekMoE layers, which each rank of
+  // the group computes whole (block.hpp): their MLP FLOPs (6 per active parameter and
+  // token, their share of a full recompute alike) are not divided by TP.
+  double replicated_share = 0.0;
+  if (TP > 1 && plan.params.moe_layers > 0) {
+    const ParamCount& pc = plan.params;
+    const double dense_mlp = 3.0 * static_cast<double>(m.d_model * m.ffn_dim);
+    const double moe_mlp_active = static_cast<double>(pc.per_moe_layer_active) -
+                                  (static_cast<double>(pc.per_layer) - dense_mlp);
+    replicated_share = std::min(
+        1.0, 6.0 * moe_mlp_active * static_cast<double>(pc.moe_layers) / plan.flops_per_token);
+  }
   st.flops_per_rank = (plan.flops_per_token + plan.recompute_flops_per_token) *
-                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D) / P /
-                      static_cast<double>(TP);
+                      static_cast<double>(plan.tokens_per_step) / static_cast<double>(D) / P *
+                      ((1.0 - replicated_share) / static_cast<double>(TP) + replicated_share);
   const double gflops = low_precision ? rates.gemm_16bit_gflops : rates.gemm_fp32_gflops;
   st.compute_s = st.flops_per_rank / (gflops * 1e9) * (1.0 + plan.bubble_fraction);
   // (Interleaved: every chunk of a rank has two boundaries, rank 0's first and rank P - 1's

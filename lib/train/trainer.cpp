@@ -613,6 +613,21 @@ StepStats Trainer::step() {
     std::copy(own.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_), own.end(),
               per_tensor.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_));
   }
+  if (tensor_ > 1) {
+    // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
+    // equal), a slice shared by R ranks (key/value heads) once, from the first of them:
+    // one all-reduce over the tensor group, in the store's order (before the expert
+    // storage's sums below, which the tensor slices take alike).
+    for (std::size_t i = 0; i < per_tensor.size(); ++i)
+      if ((ps.spec(i).split == model::Split::replicated && groups_.tensor_rank != 0) ||
+          groups_.tensor_rank % ps.spec(i).tp_replicas != 0)
+        per_tensor[i] = 0.0;
+    groups_.tensor->allreduce(per_tensor.data(), per_tensor.size(), DType::f64,
+                              comm::ReduceOp::sum);
+    sum_of_squares = 0.0;
+    for (const double v : per_tensor)
+      sum_of_squares += v;
+  }
   if (expert_storage_ && stages_ == 1) sum_of_squares = expert_sum_of_squares(per_tensor);
   if (expert_storage_ && stages_ > 1) {
     // In the stage's whole layout (every expert): each own expert's sum from its holder,
@@ -626,20 +641,6 @@ StepStats Trainer::step() {
     for (std::size_t i = 0; i < n; ++i)
       whole[i] += experts[i];
     per_tensor = std::move(whole);
-  }
-  if (tensor_ > 1) {
-    // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
-    // equal), a slice shared by R ranks (key/value heads) once, from the first of them:
-    // one all-reduce over the tensor group, in the store's order.
-    for (std::size_t i = 0; i < per_tensor.size(); ++i)
-      if ((ps.spec(i).split == model::Split::replicated && groups_.tensor_rank != 0) ||
-          groups_.tensor_rank % ps.spec(i).tp_replicas != 0)
-        per_tensor[i] = 0.0;
-    groups_.tensor->allreduce(per_tensor.data(), per_tensor.size(), DType::f64,
-                              comm::ReduceOp::sum);
-    sum_of_squares = 0.0;
-    for (const double v : per_tensor)
-      sum_of_squares += v;
   }
   if (stages_ > 1) {
     // Every stage's per-tensor sums (one all-gather over the pipeline group), added in the

@@ -183,7 +183,7 @@ void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std:
     mlp_.forward(part, a.gathered, a.mlp, a.partial);
     c.tensor->reduce_scatter(a.partial, out);
   } else if (moe_) {
-    moe_->forward(c, B, T, a.norm2.out, a.moe, out, !recomputing);
+    moe_->forward(replicated(c), B, T, a.norm2.out, a.moe, out, !recomputing);
   } else {
     mlp_.forward(c, a.norm2.out, a.mlp, out);
   }
@@ -210,7 +210,7 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
                    });
   } else {
     if (moe_)
-      moe_->backward(c, B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);
+      moe_->backward(replicated(c), B, T, d_x, a.norm2.out, a.moe, s.moe, s.d_ln);
     else
       mlp_.backward(c, d_x, a.norm2.out, a.mlp, s.mlp, s.d_ln);
     norm2_.backward(c, s.d_ln, a.mid, a.norm2, d_x);
@@ -233,6 +233,15 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
     norm1_.backward(c, s.d_ln, a.x, a.norm1, d_x);
   }
   ready(c.offset(norm1_.weight()));  // the block's first tensor: the whole block is final
+}
+
+Compute Block::replicated(const Compute& c) {
+  // Tensor parallelism computes a DeepSeekMoE layer whole on every rank of the group (its
+  // parameters replicated, its input and output whole): no tensor group inside it, so its
+  // shared experts' MLP does not sum its output over the group.
+  Compute whole = c;
+  whole.tensor = nullptr;
+  return whole;
 }
 
 Compute Block::part_context(const Compute& c) const {

@@ -66,7 +66,8 @@ class Block {
  public:
   /// Block `layer` (0-based) of the model `m`: its parameters are "model.layers.<layer>.*".
   /// `tensor_parallel` T > 1: this rank's slice of its attention (standard or latent) and
-  /// MLP (dense blocks only; tensor_parallel.hpp).
+  /// dense MLP (tensor_parallel.hpp); a DeepSeekMoE layer is computed whole on every rank
+  /// of the group, its parameters replicated (not with `sequence_parallel`).
   /// `ep`: expert parallelism's storage (an MoE block holds its slice of the routed
   /// experts only; moe_dispatch.hpp).
   /// `sequence_parallel` (with tensor_parallel T > 1): x, mid, out and the norms are this
@@ -135,6 +136,8 @@ class Block {
   /// Sequence parallelism: the context the attention and MLP run in (they keep their
   /// partial sums); `c` otherwise.
   Compute part_context(const Compute& c) const;
+  /// `c` without the tensor group: a DeepSeekMoE layer's context under tensor parallelism.
+  static Compute replicated(const Compute& c);
   /// The backward of the attention or the MLP (a part) from its partial output gradient
   /// and input, both (N, C): writes its partial input gradient into BlockScratch::d_ln.
   using PartBackward = std::function<void(const Compute& part, const tensor::Tensor& dout,

@@ -91,7 +91,14 @@ void Moe::declare(std::vector<ParamSpec>& specs) const {
   if (has_bias())
     add_param(specs, prefix_ + "gate.e_score_correction_bias", {E_}, Init::zeros, 0.0f, false,
               Split::replicated);
-  if (S_ > 0) shared_.declare(specs);
+  if (S_ > 0) {
+    // The shared experts are an Mlp, but whole on every rank (tensor parallelism computes
+    // a DeepSeekMoE layer whole on each rank of its group, block.hpp).
+    const std::size_t first = specs.size();
+    shared_.declare(specs);
+    for (std::size_t k = first; k < specs.size(); ++k)
+      specs[k].split = Split::replicated;
+  }
 }
 
 void Moe::bind(const ParamStore& params) {

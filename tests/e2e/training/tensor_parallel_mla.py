@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Tensor parallelism with latent attention (parallel.tensor over layers/latent_attention.*)
-end to end on tiny-moe's attention without its experts (model.preset tiny-moe,
-model.n_routed_experts 0: 4 blocks of latent attention, 4 heads, kv_lora 64, rope 32, and
-dense MLPs), the same global batch (micro-batch 2 x 4 micro-batches = 8 sequences) in every
-layout, 10 steps, the consistency check every step (the replicated latent projections and
-norms compared across the tensor slices):
+and DeepSeekMoE blocks (computed whole on every rank of the tensor group, block.hpp) end to
+end: tiny-moe's attention without its experts (model.preset tiny-moe, model.n_routed_experts
+0: 4 blocks of latent attention, 4 heads, kv_lora 64, rope 32, and dense MLPs), then tiny-moe
+itself (block 0 dense, 1-3 MoE with a sigmoid router, its correction bias moved at 0.01 a
+step, the balance loss), the same global batch (micro-batch 2 x 4 micro-batches = 8
+sequences) in every layout, 10 steps, the consistency check every step (the replicated
+latent projections, norms and MoE layers compared across the tensor slices):
 
   TP=2, TP=4                                  vs 1 rank: losses within 1e-5 relative, the
   TP=2 with a query latent (q_lora_rank 32)   final parameters within 1e-5 relative L2 as
@@ -13,6 +15,11 @@ norms compared across the tensor slices):
   TP=2 with training.recompute full           vs TP=2: bit-identical
   the TP=2 checkpoint at step 5               resumes on 1 rank: steps 6-10 within the
                                               bounds of TP=2's own
+  tiny-moe TP=2, TP=2 x PP=2                  vs 1 rank: the bounds; step 1's expert loads
+                                              and biases equal, its balance loss within 1e-5
+  tiny-moe DP=2 x expert 2 x TP=2 (4 ranks)   vs DP=2 x expert 2 (2 ranks): the bounds
+  tiny-moe TP=2 traffic                       the MoE blocks' MLPs send nothing over the
+                                              tensor group (metrics' tensor_allreduce_bytes)
 
 What would fail: a head's slice of q_proj / kv_b_proj / o_proj taken from the wrong rows
 or columns, the latents' gradients not summed over the group (each rank's replicated
@@ -37,8 +44,8 @@ def main():
     problems = check.problems
     mla = ["model.preset=tiny-moe", "model.n_routed_experts=0", "debug.consistency_every=1"]
 
-    def run(name, ranks, sets, layout):
-        out, r, _ = st.train(name, ranks, mla + sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
+    def run(name, ranks, sets, layout, model=None):
+        out, r, _ = st.train(name, ranks, (mla if model is None else model) + sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
                              steps=STEPS, checkpoint_every=5)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
@@ -48,7 +55,7 @@ def main():
             raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
         recs, params = read_run(out)
         steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
-        return out, steps, params
+        return out, steps, params, [x for x in recs if x.get("type") == "step"]
 
     lay = "data {} x tensor {} x pipeline {}"
     _, *tp1 = run("tp1", 1, [], lay.format(1, 1, 1))
@@ -75,13 +82,56 @@ def main():
     check.within("latent attention TP=2 checkpoint resumed on 1 rank vs TP=2", r1, tp2,
                  first_step=6)
 
+    # DeepSeekMoE blocks: each rank of a tensor group computes them whole.
+    moe = ["model.preset=tiny-moe", "model.moe.bias_update_rate=0.01",
+           "model.moe.seq_aux_loss_alpha=0.01", "debug.consistency_every=1"]
+    _, *m1 = run("moe-tp1", 1, [], lay.format(1, 1, 1), moe)
+    _, *m2 = run("moe-tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1), moe)
+    check.within("tiny-moe TP=2 vs 1 rank", m2, m1)
+
+    def balance_same(name, a, b):
+        """Step 1's expert loads and biases equal (the same choices: exact counts), its
+        balance loss within TOL (the row-parallel o_proj rounds the MoE input's last bits)."""
+        got, want = a[2][0], b[2][0]
+        err = abs(got["aux_loss"] - want["aux_loss"]) / abs(want["aux_loss"])
+        if got.get("moe") != want.get("moe") or len(want.get("moe") or []) != 3 or err > TOL:
+            problems.append(f"{name}: step 1's MoE blocks {got.get('moe')} vs {want.get('moe')}, "
+                            f"balance loss within {err:.2e}")
+        else:
+            print(f"{name}: step 1's 3 MoE blocks' loads and biases bit for bit, balance loss "
+                  f"within {err:.2e}")
+
+    balance_same("tiny-moe TP=2 vs 1 rank", m2, m1)
+    _, *m2p2 = run("moe-tp2pp2", 4, ["parallel.tensor=2", "parallel.pipeline=2"],
+                   lay.format(1, 2, 2), moe)
+    check.within("tiny-moe TP=2 x PP=2 vs 1 rank", m2p2, m1)
+    balance_same("tiny-moe TP=2 x PP=2 vs 1 rank", m2p2, m1)
+    ep = ["parallel.expert=2", "parallel.backend=mpi"]
+    _, *e2 = run("moe-dp2ep2", 2, ep, lay.format(2, 1, 1), moe)
+    _, *e2t2 = run("moe-dp2ep2tp2", 4, ep + ["parallel.tensor=2"], lay.format(2, 2, 1), moe)
+    check.within("tiny-moe DP=2 x expert 2 x TP=2 vs DP=2 x expert 2", e2t2, e2)
+    # The tensor group's traffic, in all-reduces of the residual stream (MICRO x SEQ x 256
+    # fp32): 4 per dense block (its attention's and MLP's, forward and backward), 2 per MoE
+    # block (its attention's), 2 at the ends; the latents' gradients (MICRO x SEQ x (64 + 32))
+    # per block; the vocabulary-parallel cross-entropy's 20 bytes a token.
+    whole = MICRO * SEQ * 256 * 4
+    want = (GLOBAL // MICRO) * ((4 * 1 + 2 * 3 + 2) * whole + 4 * MICRO * SEQ * 96 * 4 +
+                                MICRO * SEQ * 20)
+    got = m2[2][-1].get("tensor_allreduce_bytes")
+    if got != want:
+        problems.append(f"tiny-moe TP=2: metrics.jsonl says tensor_allreduce_bytes {got}, "
+                        f"expected {want}")
+    else:
+        print(f"tiny-moe TP=2: {want} bytes (all-reduce equivalents) over the tensor group per "
+              f"step: none for the MoE blocks' MLPs")
+
     print("losses 1 rank: " + " ".join(f"{s[1]:.6f}" for s in tp1[0]))
     if problems:
         print("\n".join(problems))
         print("FAILED: tensor parallelism with latent attention does not train as one rank does")
         return 1
     print("tensor parallelism with latent attention: TP=2, TP=4, TP=2 + SP, DP x TP x PP train "
-          "as one rank; its checkpoints resume on one rank")
+          "as one rank; its checkpoints resume on one rank; with DeepSeekMoE blocks too")
     return 0
 
 
