@@ -17,7 +17,8 @@ latent projections, norms and MoE layers compared across the tensor slices):
                                               bounds of TP=2's own
   tiny-moe TP=2, TP=2 x PP=2                  vs 1 rank: the bounds; step 1's expert loads
                                               and biases equal, its balance loss within 1e-5
-  tiny-moe DP=2 x expert 2 x TP=2 (4 ranks)   vs DP=2 x expert 2 (2 ranks): the bounds
+  tiny-moe DP=2 x expert 2 x TP=2 (4 ranks),  vs DP=2 x expert 2 (2 ranks): the bounds
+  and x PP=2 (8 ranks)
   tiny-moe TP=2 traffic                       the MoE blocks' MLPs send nothing over the
                                               tensor group (metrics' tensor_allreduce_bytes)
 
@@ -110,6 +111,9 @@ def main():
     _, *e2 = run("moe-dp2ep2", 2, ep, lay.format(2, 1, 1), moe)
     _, *e2t2 = run("moe-dp2ep2tp2", 4, ep + ["parallel.tensor=2"], lay.format(2, 2, 1), moe)
     check.within("tiny-moe DP=2 x expert 2 x TP=2 vs DP=2 x expert 2", e2t2, e2)
+    _, *e2t2p2 = run("moe-dp2ep2tp2pp2", 8, ep + ["parallel.tensor=2", "parallel.pipeline=2"],
+                     lay.format(2, 2, 2), moe)
+    check.within("tiny-moe DP=2 x expert 2 x TP=2 x PP=2 vs DP=2 x expert 2", e2t2p2, e2)
     # The tensor group's traffic, in all-reduces of the residual stream (MICRO x SEQ x 256
     # fp32): 4 per dense block (its attention's and MLP's, forward and backward), 2 per MoE
     # block (its attention's), 2 at the ends; the latents' gradients (MICRO x SEQ x (64 + 32))
