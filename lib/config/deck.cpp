@@ -534,9 +534,13 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
                          s(m.n_routed_experts) +
                          "): its MoE layers take whole token rows; set "
                          "parallel.sequence_parallel: false");
-  if (m.mtp_depth > 0)
-    refuse("model.mtp_depth",
-           "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
+  if (m.mtp_depth > 0 && c.parallel.sequence_parallel)
+    fail_combination(given, fallback, {"parallel.sequence_parallel", "model.mtp_depth"},
+                     "parallel.sequence_parallel is not supported yet with the multi-token "
+                     "prediction module (model.mtp_depth " +
+                         s(m.mtp_depth) +
+                         "): its block takes whole token rows; set "
+                         "parallel.sequence_parallel: false");
   if (c.kernels.backend == KernelsBackend::cuda)
     refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
   if (c.parallel.backend == ParallelBackend::nccl)

@@ -396,9 +396,9 @@ void visit_parallel(V& v, S&... s) {
                "tensor / n_kv_heads ranks, as Megatron-LM does). The world is pipeline x "
                "data x tensor ranks. Latent attention splits by heads too (its latents "
                "replicated); a DeepSeekMoE layer is computed whole on every rank of the group "
-               "(its parameters replicated; expert parallelism splits its experts). On host "
-               "memory only for now: not with the MTP module, kernels.backend cuda or "
-               "parallel.backend nccl.")
+               "(its parameters replicated; expert parallelism splits its experts); the MTP "
+               "module's block is split as the model's. On host memory only for now: not "
+               "with kernels.backend cuda or parallel.backend nccl.")
               .at_least(1)
               .at_most(kIntMax),
           s.tensor...);

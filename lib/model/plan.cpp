@@ -483,7 +483,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     const double per_block =
         sp ? (again ? 7.0 : 5.0)
            : (again ? 6.0 : 4.0) * (1.0 - moe_fraction) + (again ? 3.0 : 2.0) * moe_fraction;
-    const double ends = 2.0;
+    // The MTP module: its block (of the model's last block's kind), its embedding's sum and
+    // its shared head's input gradient (counted with the heaviest stage's blocks).
+    const double mtp_block = m.n_routed_experts > 0 ? (again ? 3.0 : 2.0) : (again ? 6.0 : 4.0);
+    const double ends = 2.0 + static_cast<double>(m.mtp_depth) * (mtp_block + 2.0);
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;
     const double buffer = static_cast<double>(c.training.micro_batch_size) *

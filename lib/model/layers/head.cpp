@@ -25,12 +25,13 @@ Head::Head(const config::ModelSection& m, int tensor_parallel)
       dim_(m.d_model),
       tp_(tensor_parallel) {}
 
-Head::Head(const config::ModelSection& m, std::string norm_name)
+Head::Head(const config::ModelSection& m, std::string norm_name, int tensor_parallel)
     : norm_(std::move(norm_name), m.d_model, static_cast<float>(m.norm_eps)),
       tied_(m.tie_embeddings),
       shared_(true),
       vocab_(m.vocab_size),
-      dim_(m.d_model) {}
+      dim_(m.d_model),
+      tp_(tensor_parallel) {}
 
 void Head::declare(std::vector<ParamSpec>& specs) const {
   norm_.declare(specs);

@@ -37,8 +37,9 @@ class Head {
   explicit Head(const config::ModelSection& m, int tensor_parallel = 1);
   /// A head with its own final norm named `norm_name` that shares the model's projection
   /// (lm_head.weight, or the tied embedding): the multi-token prediction module's
-  /// shared_head. It declares only its norm.
-  Head(const config::ModelSection& m, std::string norm_name);
+  /// shared_head. It declares only its norm. `tensor_parallel` T: the projection's
+  /// vocabulary slice, as the model's head.
+  Head(const config::ModelSection& m, std::string norm_name, int tensor_parallel = 1);
 
   /// model.norm.weight, then lm_head.weight (V, C) split by vocabulary rows unless the
   /// embeddings are tied (or the projection is shared).

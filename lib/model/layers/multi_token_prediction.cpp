@@ -14,12 +14,12 @@ std::string mtp_prefix(const config::ModelSection& m) {
 }
 }  // namespace
 
-MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m)
+MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m, int tensor_parallel)
     : enorm_(mtp_prefix(m) + "enorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       hnorm_(mtp_prefix(m) + "hnorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       eh_name_(mtp_prefix(m) + "eh_proj.weight"),
-      block_(m, m.n_layers),
-      head_(m, mtp_prefix(m) + "shared_head.norm.weight"),
+      block_(m, m.n_layers, tensor_parallel),
+      head_(m, mtp_prefix(m) + "shared_head.norm.weight", tensor_parallel),
       C_(m.d_model) {
   if (m.mtp_depth != 1)
     throw Error("model: a multi-token prediction module needs model.mtp_depth 1, got " +
@@ -29,9 +29,10 @@ MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m)
 void MultiTokenPrediction::declare(std::vector<ParamSpec>& specs) const {
   enorm_.declare(specs);
   hnorm_.declare(specs);
-  // (C, 2C): a linear layer of the concatenation, split by output rows as a column-parallel
-  // layer (Megatron-LM's eh_proj).
-  add_param(specs, eh_name_, {C_, 2 * C_}, Init::normal, kInitStd, true, Split::column);
+  // (C, 2C): a linear layer of the concatenation, replicated under tensor parallelism
+  // (every rank computes the block's whole input from whole inputs: its gradient is the
+  // same on every rank).
+  add_param(specs, eh_name_, {C_, 2 * C_}, Init::normal, kInitStd, true, Split::replicated);
   block_.declare(specs);
   head_.declare(specs);
 }

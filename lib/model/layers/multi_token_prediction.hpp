@@ -56,7 +56,10 @@ struct MtpScratch {
 class MultiTokenPrediction {
  public:
   /// The module after the model `m`'s n_layers blocks (m.mtp_depth must be 1).
-  explicit MultiTokenPrediction(const config::ModelSection& m);
+  /// `tensor_parallel` T: its block split as the model's (a DeepSeekMoE layer whole on
+  /// each rank), its head's projection the model head's vocabulary slice; enorm, hnorm and
+  /// eh_proj replicated (every rank computes the block's whole input).
+  explicit MultiTokenPrediction(const config::ModelSection& m, int tensor_parallel = 1);
 
   /// model.layers.<L>.enorm.weight, .hnorm.weight, .eh_proj.weight (C, 2C), the block's
   /// parameters (Block::declare), .shared_head.norm.weight, in this order: declared after

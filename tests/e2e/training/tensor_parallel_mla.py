@@ -21,6 +21,9 @@ latent projections, norms and MoE layers compared across the tensor slices):
   and x PP=2 (8 ranks)
   tiny-moe TP=2 traffic                       the MoE blocks' MLPs send nothing over the
                                               tensor group (metrics' tensor_allreduce_bytes)
+  tiny with the MTP module TP=2,              vs 1 rank: the bounds, the MTP losses too;
+  tiny-moe with it TP=2 and TP=2 x PP=2       the traffic of tiny's counted
+  (the last stage's copy of the table sliced)
 
 What would fail: a head's slice of q_proj / kv_b_proj / o_proj taken from the wrong rows
 or columns, the latents' gradients not summed over the group (each rank's replicated
@@ -129,13 +132,51 @@ def main():
         print(f"tiny-moe TP=2: {want} bytes (all-reduce equivalents) over the tensor group per "
               f"step: none for the MoE blocks' MLPs")
 
+    # The MTP module (model.mtp_depth 1): its block split as the model's, its embedding and
+    # head the vocabulary-parallel ones, enorm / hnorm / eh_proj replicated.
+    dense_mtp = ["model.mtp_depth=1", "debug.consistency_every=1"]
+
+    def mtp_within(name, a, b):
+        worst = max(abs(x["mtp_loss"] - y["mtp_loss"]) / abs(y["mtp_loss"])
+                    for x, y in zip(a[2], b[2]))
+        if len(a[2]) != STEPS or worst > TOL:
+            problems.append(f"{name}: MTP losses within {worst:.2e} (bound {TOL:g})")
+        else:
+            print(f"{name}: MTP losses within {worst:.2e}")
+
+    _, *d1 = run("mtp-tp1", 1, [], lay.format(1, 1, 1), dense_mtp)
+    _, *d2 = run("mtp-tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1), dense_mtp)
+    check.within("tiny with MTP TP=2 vs 1 rank", d2, d1)
+    mtp_within("tiny with MTP TP=2 vs 1 rank", d2, d1)
+    # Traffic: tiny's 4 dense blocks (4 each), the ends (2), the MTP module's block (4), its
+    # embedding (1) and its head's input gradient (1); two cross-entropies of 20 bytes a token.
+    whole = MICRO * SEQ * 256 * 4
+    want = (GLOBAL // MICRO) * ((4 * 4 + 2 + 6) * whole + 2 * MICRO * SEQ * 20)
+    got = d2[2][-1].get("tensor_allreduce_bytes")
+    if got != want:
+        problems.append(f"tiny with MTP TP=2: metrics.jsonl says tensor_allreduce_bytes {got}, "
+                        f"expected {want}")
+    else:
+        print(f"tiny with MTP TP=2: {want} bytes (all-reduce equivalents) over the tensor group "
+              f"per step")
+    v3ish = moe + ["model.mtp_depth=1"]
+    _, *v1 = run("moe-mtp-tp1", 1, [], lay.format(1, 1, 1), v3ish)
+    _, *v2 = run("moe-mtp-tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1), v3ish)
+    check.within("tiny-moe with MTP TP=2 vs 1 rank", v2, v1)
+    mtp_within("tiny-moe with MTP TP=2 vs 1 rank", v2, v1)
+    _, *v2p2 = run("moe-mtp-tp2pp2", 4, ["parallel.tensor=2", "parallel.pipeline=2"],
+                   lay.format(1, 2, 2), v3ish)
+    check.within("tiny-moe with MTP TP=2 x PP=2 vs 1 rank", v2p2, v1)
+    mtp_within("tiny-moe with MTP TP=2 x PP=2 vs 1 rank", v2p2, v1)
+
     print("losses 1 rank: " + " ".join(f"{s[1]:.6f}" for s in tp1[0]))
     if problems:
         print("\n".join(problems))
         print("FAILED: tensor parallelism with latent attention does not train as one rank does")
         return 1
     print("tensor parallelism with latent attention: TP=2, TP=4, TP=2 + SP, DP x TP x PP train "
-          "as one rank; its checkpoints resume on one rank; with DeepSeekMoE blocks too")
+          "as one rank; its checkpoints resume on one rank; with DeepSeekMoE blocks and the "
+          "MTP module too")
     return 0
 
 

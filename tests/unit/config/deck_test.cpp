@@ -936,7 +936,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "training.schedule.world_size_scaling=sqrt",
     "training.schedule.reference_world_size=8",
     "parallel.data=2",
-    "parallel.tensor=1",                 // this MoE + MTP deck refuses tensor parallelism
+    "parallel.tensor=1",                 // one legal value here (above)
     "parallel.sequence_parallel=false",  // true needs parallel.tensor > 1
     "parallel.pipeline=1",
     "parallel.pipeline_layers=[3]",
@@ -1249,17 +1249,19 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
                        "does not divide model.ffn_dim (690)"));
   EXPECT_TRUE(Contains(load_error("model: {vocab_size: 258}\nparallel: {tensor: 4}\n"),
                        "does not divide model.vocab_size (258)"));
-  // DeepSeekMoE layers are computed whole on each rank of a tensor group (block.hpp), not
-  // with sequence parallelism; the MTP module stays refused.
+  // DeepSeekMoE layers are computed whole on each rank of a tensor group (block.hpp), the
+  // MTP module split as the model; neither with sequence parallelism.
   EXPECT_EQ(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2}\n"), "<no error>");
   EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2, "
                                   "sequence_parallel: true}\n"),
                        "parallel.sequence_parallel is not supported yet with a DeepSeekMoE model "
                        "(model.n_routed_experts 8)"));
-  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe, mtp_depth: 1}\nparallel: {tensor: "
-                                  "2}\n"),
-                       "the multi-token prediction module (model.mtp_depth 1) is not supported "
-                       "yet with parallel.tensor 2"));
+  EXPECT_EQ(load_error("model: {preset: tiny-moe, mtp_depth: 1}\nparallel: {tensor: 2}\n"),
+            "<no error>");
+  EXPECT_TRUE(Contains(load_error("model: {mtp_depth: 1}\nparallel: {tensor: 2, "
+                                  "sequence_parallel: true}\n"),
+                       "parallel.sequence_parallel is not supported yet with the multi-token "
+                       "prediction module (model.mtp_depth 1)"));
   // Latent attention splits by heads (its latents replicated), also with sequence parallelism.
   EXPECT_EQ(load_error("model: {preset: tiny-moe, n_routed_experts: 0}\nparallel: {tensor: 4, "
                        "sequence_parallel: true}\n"),
