@@ -527,20 +527,19 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
                          "attention, dense or DeepSeekMoE, on host memory); set "
                          "parallel.tensor: 1");
   };
-  if (m.n_routed_experts > 0 && c.parallel.sequence_parallel)
-    fail_combination(given, fallback, {"parallel.sequence_parallel", "model.n_routed_experts"},
-                     "parallel.sequence_parallel is not supported yet with a DeepSeekMoE model "
-                     "(model.n_routed_experts " +
-                         s(m.n_routed_experts) +
-                         "): its MoE layers take whole token rows; set "
-                         "parallel.sequence_parallel: false");
-  if (m.mtp_depth > 0 && c.parallel.sequence_parallel)
-    fail_combination(given, fallback, {"parallel.sequence_parallel", "model.mtp_depth"},
-                     "parallel.sequence_parallel is not supported yet with the multi-token "
-                     "prediction module (model.mtp_depth " +
-                         s(m.mtp_depth) +
-                         "): its block takes whole token rows; set "
-                         "parallel.sequence_parallel: false");
+  // Sequence parallelism splits the token rows between the layers' parts; an MoE layer and
+  // the MTP module's block take whole rows.
+  const auto whole_rows = [&](const char* key, const std::string& what) {
+    fail_combination(given, fallback, {"parallel.sequence_parallel", key},
+                     "parallel.sequence_parallel is not supported yet with " + what +
+                         ": it takes whole token rows; set parallel.sequence_parallel: false");
+  };
+  if (c.parallel.sequence_parallel && m.n_routed_experts > 0)
+    whole_rows("model.n_routed_experts",
+               "a DeepSeekMoE model (model.n_routed_experts " + s(m.n_routed_experts) + ")");
+  if (c.parallel.sequence_parallel && m.mtp_depth > 0)
+    whole_rows("model.mtp_depth",
+               "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
   if (c.kernels.backend == KernelsBackend::cuda)
     refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
   if (c.parallel.backend == ParallelBackend::nccl)

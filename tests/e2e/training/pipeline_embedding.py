@@ -40,7 +40,7 @@ import sys
 
 import h5py
 
-from training_e2e import Comparisons, read_run, setup
+from training_e2e import Comparisons, setup
 
 TOL = 1e-5
 STEPS = 10
@@ -57,25 +57,17 @@ def main():
                         steps=steps, checkpoint_every=5)
 
     def run(name, ranks, sets, layout):
-        out, r, _ = launch(name, ranks, sets)
-        if r.returncode != 0:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
-        if layout not in r.stdout + r.stderr:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
-        recs, params = read_run(out)
-        steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
-        extra = [(x["step"], x.get("mtp_loss"), x.get("moe")) for x in recs
-                 if x.get("type") == "step"]
-        return out, steps, params, extra
+        out, recs, params = st.run(name, ranks, sets, layout, seq=SEQ, micro=MICRO,
+                                   global_batch=GLOBAL, steps=STEPS, checkpoint_every=5)
+        return out, [(x["step"], x["loss"], x["grad_norm"]) for x in recs], params, recs
 
     def first_step_same(name, a, b):
         """Step 1's losses (main, MTP) equal bit for bit: the same forward from the same
         initial parameters (only the gradients' sums differ)."""
-        if a[0][0][1] != b[0][0][1] or a[2][0][1] != b[2][0][1]:
-            problems.append(f"{name}: step 1 losses {a[0][0][1]!r}, {a[2][0][1]!r} vs "
-                            f"{b[0][0][1]!r}, {b[2][0][1]!r}")
+        got = (a[2][0]["loss"], a[2][0].get("mtp_loss"))
+        want = (b[2][0]["loss"], b[2][0].get("mtp_loss"))
+        if got != want:
+            problems.append(f"{name}: step 1 losses {got} vs {want}")
         else:
             print(f"{name}: step 1 losses bit for bit")
 
@@ -157,16 +149,12 @@ def main():
     check.within("MTP PP=2 vs PP=1", m2, m1)
 
     def mtp_within(name, a, b):
-        worst = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(a[2], b[2]))
-        if len(a[2]) != STEPS or worst > TOL:
-            problems.append(f"{name}: MTP losses within {worst:.2e} (bound {TOL:g})")
-        else:
-            print(f"{name}: MTP losses within {worst:.2e}")
+        check.key_within(name, a[2], b[2], "mtp_loss")
 
     mtp_within("MTP PP=2 vs PP=1", m2, m1)
     _, *mv2 = run("mtp-pp2v2", 2, mtp + inter, lay.format(1, 1, 2))
     check.same_bits("MTP PP=2 interleaved vs PP=2", mv2, m2)
-    if mv2[2] != m2[2]:
+    if [x["mtp_loss"] for x in mv2[2]] != [x["mtp_loss"] for x in m2[2]]:
         problems.append("MTP PP=2 interleaved vs PP=2: the MTP losses differ")
     moe = ["model.preset=tiny-moe", "model.moe.bias_update_rate=0.01"] + mtp
     _, *e1 = run("mtp-moe-pp1", 1, moe, lay.format(1, 1, 1))
@@ -175,15 +163,15 @@ def main():
     check.within("MTP tiny-moe PP=2 vs PP=1", e2, e1)
     mtp_within("MTP tiny-moe PP=2 vs PP=1", e2, e1)
     # 3 MoE blocks and the MTP module's, each with its loads and bias, in the model's order.
-    if len(e2[2][0][2]) != 4 or e2[2][0][2] != e1[2][0][2]:
-        problems.append(f"MTP tiny-moe PP=2: step 1's MoE blocks {e2[2][0][2]} vs "
-                        f"{e1[2][0][2]} (want 4, equal)")
+    if len(e2[2][0]["moe"]) != 4 or e2[2][0]["moe"] != e1[2][0]["moe"]:
+        problems.append(f"MTP tiny-moe PP=2: step 1's MoE blocks {e2[2][0]['moe']} vs "
+                        f"{e1[2][0]['moe']} (want 4, equal)")
     else:
         print("MTP tiny-moe PP=2: step 1's loads and biases of the 4 MoE blocks (the MTP "
               "module's last) bit for bit")
 
     print("losses tied PP=1: " + " ".join(f"{s[1]:.6f}" for s in pp1[0]))
-    print("losses MTP PP=1:  " + " ".join(f"{s[1]:.6f}/{x[1]:.6f}" for s, x in zip(m1[0], m1[2])))
+    print("losses MTP PP=1:  " + " ".join(f"{x['loss']:.6f}/{x['mtp_loss']:.6f}" for x in m1[2]))
     if problems:
         print("\n".join(problems))
         print("FAILED: pipeline stages sharing the embedding table do not train as one stage")

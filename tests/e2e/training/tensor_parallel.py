@@ -44,7 +44,7 @@ import sys
 
 import h5py
 
-from training_e2e import Comparisons, read_run, setup
+from training_e2e import Comparisons, setup
 
 TOL = 1e-5         # losses (relative), the whole parameter vector (relative L2)
 TENSOR_TOL = 5e-5  # each tensor (relative L2): see above
@@ -65,16 +65,9 @@ def main():
                         steps=STEPS, checkpoint_every=5)
 
     def run(name, ranks, sets, layout):
-        out, r, _ = launch(name, ranks, sets)
-        if r.returncode != 0:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
-        if layout not in r.stdout + r.stderr:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
-        recs, params = read_run(out)
-        steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
-        return out, steps, params, recs
+        out, recs, params = st.run(name, ranks, sets, layout, seq=SEQ, micro=MICRO,
+                                   global_batch=GLOBAL, steps=STEPS, checkpoint_every=5)
+        return out, [(x["step"], x["loss"], x["grad_norm"]) for x in recs], params, recs
 
     lay = "data {} x tensor {} x pipeline {}"
     _, *tp1 = run("tp1", 1, [], lay.format(1, 1, 1))

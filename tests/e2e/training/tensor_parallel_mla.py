@@ -35,7 +35,7 @@ usage: tensor_parallel_mla.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_
 import os
 import sys
 
-from training_e2e import Comparisons, read_run, setup
+from training_e2e import Comparisons, setup
 
 TOL = 1e-5
 STEPS = 10
@@ -49,17 +49,10 @@ def main():
     mla = ["model.preset=tiny-moe", "model.n_routed_experts=0", "debug.consistency_every=1"]
 
     def run(name, ranks, sets, layout, model=None):
-        out, r, _ = st.train(name, ranks, (mla if model is None else model) + sets, seq=SEQ, micro=MICRO, global_batch=GLOBAL,
-                             steps=STEPS, checkpoint_every=5)
-        if r.returncode != 0:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
-        if layout not in r.stdout + r.stderr:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
-        recs, params = read_run(out)
-        steps = [(x["step"], x["loss"], x["grad_norm"]) for x in recs if x.get("type") == "step"]
-        return out, steps, params, [x for x in recs if x.get("type") == "step"]
+        out, recs, params = st.run(name, ranks, (mla if model is None else model) + sets, layout,
+                                   seq=SEQ, micro=MICRO, global_batch=GLOBAL, steps=STEPS,
+                                   checkpoint_every=5)
+        return out, [(x["step"], x["loss"], x["grad_norm"]) for x in recs], params, recs
 
     lay = "data {} x tensor {} x pipeline {}"
     _, *tp1 = run("tp1", 1, [], lay.format(1, 1, 1))
@@ -137,12 +130,7 @@ def main():
     dense_mtp = ["model.mtp_depth=1", "debug.consistency_every=1"]
 
     def mtp_within(name, a, b):
-        worst = max(abs(x["mtp_loss"] - y["mtp_loss"]) / abs(y["mtp_loss"])
-                    for x, y in zip(a[2], b[2]))
-        if len(a[2]) != STEPS or worst > TOL:
-            problems.append(f"{name}: MTP losses within {worst:.2e} (bound {TOL:g})")
-        else:
-            print(f"{name}: MTP losses within {worst:.2e}")
+        check.key_within(name, a[2], b[2], "mtp_loss")
 
     _, *d1 = run("mtp-tp1", 1, [], lay.format(1, 1, 1), dense_mtp)
     _, *d2 = run("mtp-tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1), dense_mtp)

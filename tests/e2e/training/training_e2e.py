@@ -50,6 +50,19 @@ class Setup:
         r = subprocess.run(cmd, capture_output=True, text=True)
         return out, r, time.monotonic() - t0
 
+    def run(self, name, ranks, sets, layout, **train_args):
+        """train() that must exit 0 and log `layout` (else the script ends, printing the log):
+        (the run folder, its metrics.jsonl step records, its final-params.h5 tensors)."""
+        out, r, _ = self.train(name, ranks, sets, **train_args)
+        if r.returncode != 0:
+            print(r.stdout + r.stderr)
+            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
+        if layout not in r.stdout + r.stderr:
+            print(r.stdout + r.stderr)
+            raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
+        records, params = read_run(out)
+        return out, [x for x in records if x.get("type") == "step"], params
+
 
 def setup(seq_len, argv=None):
     """Parses `DSTRAIN DECK GENERATOR WORK [EXTRA...] -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]`,
@@ -136,6 +149,16 @@ class Comparisons:
                                  f"(bound 60 s); missing from the log: {missing}")
         else:
             print(f"{name}: {said}, the job ended in {took:.1f} s")
+
+    def key_within(self, name, a, b, key):
+        """The step records a and b (as Setup.run gives them) have `key` within tol of each
+        other at every step (relative), and as many steps as a run logs."""
+        worst = max((abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(a, b)), default=0.0)
+        if len(a) != self.steps or len(b) != self.steps or worst > self.tol:
+            self.problems.append(f"{name}: {key} within {worst:.2e} (bound {self.tol:g}) over "
+                                 f"{len(a)} steps")
+        else:
+            print(f"{name}: {key} within {worst:.2e}")
 
     def within(self, name, a, b, first_step=1):
         """a's losses from first_step within tol of b's (relative), its final parameters
