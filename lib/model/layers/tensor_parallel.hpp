@@ -8,7 +8,11 @@
 ///              T > KV, as Megatron-LM does, each rank holds the one kv head g = rank /
 ///              (T/KV) its query heads read, replicated on the T/KV ranks of that head,
 ///              whose shares of its activation gradients the "kv_replica" group sums);
+///   latent attention: heads likewise (q_proj / q_b_proj, kv_b_proj by rows, o_proj by
+///              columns), the latents' projections and norms replicated, their gradients
+///              summed over the group (latent_attention.hpp);
 ///   MLP:       the ffn columns [rank F/T, ..) (gate, up by rows, down by columns);
+///   DeepSeekMoE: not split: each rank computes the MoE layer whole (block.hpp);
 ///   embedding: the vocabulary rows [rank V/T, ..) (a token elsewhere contributes zeros);
 ///   head:      the logits of those rows, and a cross-entropy over the split vocabulary
 ///              that never gathers them (vocab_parallel.hpp).
