@@ -181,8 +181,8 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const TensorSlice slice{0, layout.tensor, c.parallel.sequence_parallel};
   // Expert parallelism: expert slot 0 of the group, which holds 1 / layout.expert of the
   // routed experts (layers/moe_dispatch.hpp; every slot the same shapes). With pipeline
-  // stages only when every stage holds an MoE block (own_expert_storage: else the trainer
-  // keeps every expert on every rank).
+  // stages, on each stage holding an MoE block (own_expert_storage, planned per stage
+  // below).
   const ExpertSlice experts{0, own_expert_storage(c) ? layout.expert : 1};
   const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                          DType::f32, true, nullptr, nullptr, c.training.recompute, false,
@@ -288,9 +288,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     std::uint64_t heaviest_own_experts = own_experts;
     for (int s = 0; s < layout.pipeline; ++s) {
       const std::vector<StageBlocks> chunks = rank_chunks(c, s, micro);
+      const ExpertSlice stage_experts{0, own_expert_storage(c, s) ? layout.expert : 1};
       const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                             DType::f32, true, nullptr, nullptr, c.training.recompute, false, chunks,
-                            slice, experts);
+                            slice, stage_experts);
       Plan::Stage st;
       st.first = chunks.front().first;
       st.last = chunks.back().last;

@@ -72,10 +72,10 @@ bool stages_share_embedding(const config::RunConfig& config);
 /// The DeepSeekMoE blocks among `blocks`' (their layers [first, last)).
 std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blocks);
 
-/// Whether expert parallelism stores each rank's own routed experts only: a model with
-/// routed experts, without pipeline stages or with an MoE block on every stage (a stage
-/// without one has no experts to own; there every rank stores every expert).
-bool own_expert_storage(const config::RunConfig& config);
+/// Whether expert parallelism stores each rank's own routed experts only on pipeline stage
+/// `stage`: a model with routed experts, without pipeline stages or with an MoE block on
+/// that stage (a stage without one has no experts: nothing to split).
+bool own_expert_storage(const config::RunConfig& config, int stage = 0);
 
 /// The parameters of a rank's chunks (Transformer::parameter_layout of them).
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m,

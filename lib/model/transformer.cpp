@@ -158,16 +158,13 @@ bool stages_share_embedding(const config::RunConfig& config) {
          (config.model.tie_embeddings || config.model.mtp_depth > 0);
 }
 
-bool own_expert_storage(const config::RunConfig& config) {
+bool own_expert_storage(const config::RunConfig& config, int stage) {
   if (config.model.n_routed_experts == 0) return false;
   if (config.parallel.pipeline == 1) return true;
-  for (int s = 0; s < static_cast<int>(config.parallel.pipeline); ++s) {
-    std::int64_t moe = 0;
-    for (const StageBlocks& chunk : rank_chunks(config, s, 0))
-      moe += moe_blocks_in(config.model, chunk);
-    if (moe == 0) return false;
-  }
-  return true;
+  std::int64_t moe = 0;
+  for (const StageBlocks& chunk : rank_chunks(config, stage, 0))
+    moe += moe_blocks_in(config.model, chunk);
+  return moe > 0;
 }
 
 std::vector<ParamSpec> stage_parameter_layout(const config::ModelSection& m,

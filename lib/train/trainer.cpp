@@ -103,15 +103,19 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   tensor_ = layout.tensor;
   const model::TensorSlice slice{groups.tensor_rank, tensor_, config.parallel.sequence_parallel};
   // Expert parallelism: this rank holds its expert slot's routed experts only (with
-  // pipeline stages, when every stage holds an MoE block; a stage without one would have
-  // no own experts, and there every rank holds every expert, the unowned ones with zero
-  // gradients, summed over the data group). ZeRO over MPI shards the two parts of
-  // the buffer apart (the replicated tensors over the data group, the own experts over
-  // the expert-data group); ZeRO in shared memory (whose parts are the node's) keeps
-  // every expert on every rank, as before per-rank storage existed.
-  expert_storage_ =
-      layout.expert > 1 && model::own_expert_storage(config) &&
+  // pipeline stages, on a stage holding an MoE block; one without has no experts). ZeRO
+  // over MPI shards the two parts of the buffer apart (the replicated tensors over the
+  // data group, the own experts over the expert-data group); ZeRO in shared memory (whose
+  // parts are the node's) keeps every expert on every rank, as before per-rank storage
+  // existed. `any_expert_storage_`: some stage stores them (the consistency check of the
+  // own experts is collective over the world).
+  const bool storage_allowed =
+      layout.expert > 1 &&
       (config.parallel.zero_stage == 0 || options.grad_comm == runtime::CommBackend::mpi);
+  expert_storage_ = storage_allowed && model::own_expert_storage(config, groups.pipeline_rank);
+  for (int s = 0; s < static_cast<int>(layout.pipeline); ++s)
+    any_expert_storage_ =
+        any_expert_storage_ || (storage_allowed && model::own_expert_storage(config, s));
   const model::ExpertSlice experts{expert_storage_ ? groups.expert_rank : 0,
                                    expert_storage_ ? layout.expert : 1};
   // Under the interleaved schedule the rank holds `chunks_` chunks of blocks, each with
@@ -1629,7 +1633,7 @@ void Trainer::check_consistency() {
     std::int64_t first = bad < P ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
     groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
     if (first == kNone) {
-      if (expert_storage_) check_expert_consistency(prints);  // every stage's experts
+      if (any_expert_storage_) check_expert_consistency(prints);  // every stage's experts
       if (model::stages_share_embedding(cfg_)) check_embedding_copies(prints);
       return;
     }
@@ -1754,7 +1758,9 @@ int Trainer::expert_owner(const std::string& name) const {
 void Trainer::check_expert_consistency(const std::vector<std::uint64_t>& mine) {
   const auto& ps = model_->params();
   comm::Communicator& group = *groups_.expert_data;
-  const std::size_t first = expert_first_tensor_, P = ps.size() - first;
+  // (A stage storing no own experts takes part with none.)
+  const std::size_t first = expert_storage_ ? expert_first_tensor_ : ps.size();
+  const std::size_t P = ps.size() - first;
   const int n = group.size();
   std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
   group.allgather(mine.data() + first, all.data(), P, DType::u64);

@@ -388,6 +388,8 @@ class Trainer {
   /// data group.
   bool expert_storage_ = false;
   std::size_t expert_first_tensor_ = 0, expert_offset_ = 0;
+  /// Some pipeline stage stores its own experts (expert_storage_ is this rank's stage's).
+  bool any_expert_storage_ = false;
   std::unique_ptr<GradBuckets> expert_buckets_;
   /// Sets expert_first_tensor_ and expert_offset_ from the store.
   void locate_own_experts();

@@ -15,7 +15,8 @@ rate fast enough to move the choices (0.01):
   PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
   DP=2 x PP=2 on 4 ranks, and interleaved  vs DP=2 on 2 ranks: the same, bit for bit
   DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
-  DP=2 x expert 2 x PP=2 on 4 ranks        vs DP=2 x expert 2 on 2 ranks: within 1e-9
+  DP=2 x expert 2 x PP=2 on 4 ranks,       vs DP=2 x expert 2 on 2 ranks: within 1e-9
+  and x PP=4 on 8 (stage 0 without MoE)
   (each rank storing its own experts)      (losses, norms), 1e-6 (parameters): see below
   the same with ZeRO 1                     vs ZeRO 0: bit-identical
   its checkpoint resumed on 1 rank         its own steps 6-10 within 1e-5
@@ -166,6 +167,23 @@ def main():
     else:
         print(f"DP=2 x expert 2 x PP=2 vs DP=2 x expert 2: losses, norms, aux losses within "
               f"{worst:.2e}, parameters within {wp:.2e} relative L2")
+    # Four stages: stage 0 holds the dense block 0 only (no experts to split), the others
+    # one MoE block each, storing their own experts (issue 33: a stage without an MoE
+    # block no longer makes every stage store every expert). The same bound.
+    _, *ep2pp4 = run("dp2ep2pp4", 8, ep + ["parallel.pipeline=4"], lay.format(2, 4))
+    worst = 0.0
+    for got, want in zip(ep2pp4[0], ep2[0]):
+        for g, w in zip(got[1:4], want[1:4]):
+            worst = max(worst, abs(g - w) / max(abs(w), 1e-30))
+    wp = max(float(np.linalg.norm(ep2pp4[1][k].astype(np.float64) - ep2[1][k]) /
+                   max(np.linalg.norm(ep2[1][k].astype(np.float64)), 1e-30)) for k in ep2[1])
+    if len(ep2pp4[0]) != len(ep2[0]) or worst > 1e-9 or wp > 1e-6 or \
+            sorted(ep2pp4[1]) != sorted(ep2[1]):
+        problems.append(f"DP=2 x expert 2 x PP=4 vs DP=2 x expert 2: losses, norms and aux "
+                        f"losses within {worst:.2e} (bound 1e-9), parameters {wp:.2e} (1e-6)")
+    else:
+        print(f"DP=2 x expert 2 x PP=4 (stage 0 without MoE) vs DP=2 x expert 2: losses, norms, "
+              f"aux losses within {worst:.2e}, parameters within {wp:.2e} relative L2")
     # ZeRO 1 over the stage's own experts (sharded over the expert-data group of 1) and its
     # replicated tensors (over the data group): ZeRO 0's bits.
     _, *ep2pp2z = run("dp2ep2pp2-zero1", 4, ep + ["parallel.pipeline=2", "parallel.zero_stage=1"],
