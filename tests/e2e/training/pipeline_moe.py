@@ -149,41 +149,31 @@ def main():
     ep = ["parallel.expert=2", "parallel.backend=mpi"]
     _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
     ep2pp2_out, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
-    # Not bits: both store each rank's own experts (every stage holds an MoE block), but
-    # without stages the gradient norm adds its squares by group (the replicated tensors,
-    # then the experts' summed over the expert group), with stages tensor by tensor in the
-    # model's order (each expert's from its holder). The norm may differ in its last bit,
-    # and through the clipping factor the parameters by about 1e-9.
-    worst = 0.0
-    for got, want in zip(ep2pp2[0], ep2[0]):
-        for g, w in zip(got[1:4], want[1:4]):
-            worst = max(worst, abs(g - w) / max(abs(w), 1e-30))
-    wp = max(float(np.linalg.norm(ep2pp2[1][k].astype(np.float64) - ep2[1][k]) /
-                   max(np.linalg.norm(ep2[1][k].astype(np.float64)), 1e-30)) for k in ep2[1])
-    if len(ep2pp2[0]) != len(ep2[0]) or worst > 1e-9 or wp > 1e-6 or \
-            sorted(ep2pp2[1]) != sorted(ep2[1]):
-        problems.append(f"DP=2 x expert 2 x PP=2 vs DP=2 x expert 2: losses, norms and aux "
-                        f"losses within {worst:.2e} (bound 1e-9), parameters {wp:.2e} (1e-6)")
-    else:
-        print(f"DP=2 x expert 2 x PP=2 vs DP=2 x expert 2: losses, norms, aux losses within "
-              f"{worst:.2e}, parameters within {wp:.2e} relative L2")
+    # Not bits: both store each rank's own experts, but without stages the gradient norm
+    # adds its squares by group (the replicated tensors, then the experts' summed over the
+    # expert group), with stages tensor by tensor in the model's order (each expert's from
+    # its holder). The norm may differ in its last bit, and through the clipping factor
+    # the parameters by about 1e-9.
+    def near(name, a, b):
+        worst = 0.0
+        for got, want in zip(a[0], b[0]):
+            for g, w in zip(got[1:4], want[1:4]):
+                worst = max(worst, abs(g - w) / max(abs(w), 1e-30))
+        wp = max(float(np.linalg.norm(a[1][k].astype(np.float64) - b[1][k]) /
+                       max(np.linalg.norm(b[1][k].astype(np.float64)), 1e-30)) for k in b[1])
+        if len(a[0]) != len(b[0]) or worst > 1e-9 or wp > 1e-6 or sorted(a[1]) != sorted(b[1]):
+            problems.append(f"{name}: losses, norms and aux losses within {worst:.2e} (bound "
+                            f"1e-9), parameters {wp:.2e} (1e-6)")
+        else:
+            print(f"{name}: losses, norms, aux losses within {worst:.2e}, parameters within "
+                  f"{wp:.2e} relative L2")
+
+    near("DP=2 x expert 2 x PP=2 vs DP=2 x expert 2", ep2pp2, ep2)
     # Four stages: stage 0 holds the dense block 0 only (no experts to split), the others
     # one MoE block each, storing their own experts (issue 33: a stage without an MoE
     # block no longer makes every stage store every expert). The same bound.
     _, *ep2pp4 = run("dp2ep2pp4", 8, ep + ["parallel.pipeline=4"], lay.format(2, 4))
-    worst = 0.0
-    for got, want in zip(ep2pp4[0], ep2[0]):
-        for g, w in zip(got[1:4], want[1:4]):
-            worst = max(worst, abs(g - w) / max(abs(w), 1e-30))
-    wp = max(float(np.linalg.norm(ep2pp4[1][k].astype(np.float64) - ep2[1][k]) /
-                   max(np.linalg.norm(ep2[1][k].astype(np.float64)), 1e-30)) for k in ep2[1])
-    if len(ep2pp4[0]) != len(ep2[0]) or worst > 1e-9 or wp > 1e-6 or \
-            sorted(ep2pp4[1]) != sorted(ep2[1]):
-        problems.append(f"DP=2 x expert 2 x PP=4 vs DP=2 x expert 2: losses, norms and aux "
-                        f"losses within {worst:.2e} (bound 1e-9), parameters {wp:.2e} (1e-6)")
-    else:
-        print(f"DP=2 x expert 2 x PP=4 (stage 0 without MoE) vs DP=2 x expert 2: losses, norms, "
-              f"aux losses within {worst:.2e}, parameters within {wp:.2e} relative L2")
+    near("DP=2 x expert 2 x PP=4 (stage 0 without MoE) vs DP=2 x expert 2", ep2pp4, ep2)
     # ZeRO 1 over the stage's own experts (sharded over the expert-data group of 1) and its
     # replicated tensors (over the data group): ZeRO 0's bits.
     _, *ep2pp2z = run("dp2ep2pp2-zero1", 4, ep + ["parallel.pipeline=2", "parallel.zero_stage=1"],
