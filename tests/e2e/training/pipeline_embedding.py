@@ -10,7 +10,8 @@ tied embeddings (model.tie_embeddings):
   PP=4, PP=2 interleaved (2 chunks)      vs PP=2: bit-identical
   DP=2 x PP=2 on 4 ranks                 vs DP=2 on 2 ranks: within the bounds
   DP=2 x PP=2, ZeRO 1 and ZeRO 2 (mpi)   vs DP=2 x PP=2, ZeRO 0 (mpi): bit-identical
-  TP=2 x PP=2 on 4 ranks                 vs PP=1: within the bounds
+  TP=2 x PP=2 on 4 ranks                 vs PP=1: within the bounds, each tensor within
+                                         5e-5 (tensor_parallel.py's bound and reason)
   the PP=2 checkpoint at step 5          holds PP=1's tensors (the table once)
   it resumes on PP=2                     == PP=2's steps 6-10 bit for bit (both copies
                                          filled from the one table)
@@ -43,6 +44,11 @@ import h5py
 from training_e2e import Comparisons, setup
 
 TOL = 1e-5
+# Each tensor of a tensor-parallel run (relative L2): tensor_parallel.py's bound and reason.
+# The residual-scaled o_proj moves most: 2.7e-5 under TP=2 x PP=2 on an AMD EPYC host, while
+# the whole vector stays within 2.6e-6 (1e-5 per tensor held on the host where this test
+# was written, and failed on that one: the class of rounding, not of a bug).
+TP_TENSOR_TOL = 5e-5
 STEPS = 10
 SEQ, MICRO, GLOBAL = 64, 2, 8
 
@@ -95,7 +101,7 @@ def main():
         check.same_bits(f"tied DP=2 x PP=2 ZeRO {stage} vs ZeRO 0 (mpi)", z, z0)
     _, *tp2pp2 = run("tied-tp2pp2", 4, tied + ["parallel.pipeline=2", "parallel.tensor=2"],
                      lay.format(1, 2, 2))
-    check.within("tied TP=2 x PP=2 vs PP=1", tp2pp2, pp1)
+    check.within("tied TP=2 x PP=2 vs PP=1", tp2pp2, pp1, tensor_tol=TP_TENSOR_TOL)
 
     # The checkpoint holds the whole model: the table once, as PP=1's.
     ck = "checkpoints/step-5.h5"
