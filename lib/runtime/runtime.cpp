@@ -251,6 +251,13 @@ std::vector<std::pair<std::string, std::string>> library_versions() {
   return out;
 }
 
+namespace {
+/// Expert parallelism splits routed experts over the ranks: each holds its own.
+bool own_experts(const config::RunConfig& config) {
+  return config.parallel.expert > 1 && config.model.n_routed_experts > 0;
+}
+}  // namespace
+
 Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& device,
                           const int data_ranks, const int nodes) {
   using config::KernelsBackend;
@@ -291,19 +298,16 @@ Backends resolve_backends(const config::RunConfig& config, const DeviceInfo& dev
         b.comm = core::built_with_nccl() && data_ranks > 1 ? CommBackend::nccl : CommBackend::mpi;
       else
         // Expert parallelism's own experts per rank are summed over two groups: MPI only
-        // (the deck refuses an explicit shm).
-        b.comm = data_ranks > 1 && nodes == 1 &&
-                         !(config.parallel.expert > 1 && config.model.n_routed_experts > 0 &&
-                           config.parallel.pipeline <= 1)
-                     ? CommBackend::shm
-                     : CommBackend::mpi;
+        // (the deck refuses an explicit shm), with pipeline stages too (each stage holding
+        // an MoE block stores its own experts, model::own_expert_storage).
+        b.comm = data_ranks > 1 && nodes == 1 && !own_experts(config) ? CommBackend::shm
+                                                                      : CommBackend::mpi;
       break;
     case ParallelBackend::mpi:
       b.comm = CommBackend::mpi;
       break;
     case ParallelBackend::shm:
-      if (config.parallel.expert > 1 && config.model.n_routed_experts > 0 &&
-          config.parallel.pipeline <= 1)
+      if (own_experts(config))
         throw DeckError("parallel.backend", "",
                         "'shm' adds one flat gradient buffer over the whole data group, but with "
                         "parallel.expert " +

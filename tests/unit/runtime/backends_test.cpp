@@ -55,6 +55,28 @@ TEST(Backends, AutoOnTheHostIsKokkosAndSharedMemoryOnOneNode) {
   EXPECT_EQ(to_string(resolve_backends(deck("auto", "shm"), host(), 1, 1).comm), "shm");
 }
 
+TEST(Backends, ExpertParallelismTakesMpiWithOrWithoutPipelineStages) {
+  // Each rank holds its own routed experts, summed over the ranks holding the same ones:
+  // one flat shared-memory sum over the data group cannot do that. Pipeline stages store
+  // their own experts too (model::own_expert_storage), so auto takes MPI there as well.
+  for (const std::int64_t stages : {1, 2}) {
+    config::RunConfig c = deck("auto", "auto");
+    c.model.n_routed_experts = 4;
+    c.parallel.expert = 2;
+    c.parallel.pipeline = stages;
+    EXPECT_EQ(to_string(resolve_backends(c, host(), 2, 1).comm), "mpi") << stages << " stages";
+    c.parallel.backend = config::ParallelBackend::shm;
+    std::string msg;
+    EXPECT_EQ(deck_error_key([&] { resolve_backends(c, host(), 2, 1); }, &msg), "parallel.backend")
+        << stages << " stages";
+    EXPECT_NE(msg.find("own routed experts"), std::string::npos) << msg;
+  }
+  // A dense model has no experts to split: shared memory as before.
+  config::RunConfig dense = deck("auto", "auto");
+  dense.parallel.expert = 2;
+  EXPECT_EQ(to_string(resolve_backends(dense, host(), 2, 1).comm), "shm");
+}
+
 TEST(Backends, SharedMemoryNeedsHostKernelsAndOneNode) {
   std::string msg;
   EXPECT_EQ(deck_error_key([] { resolve_backends(deck("auto", "shm"), host(), 4, 2); }, &msg),
