@@ -286,8 +286,15 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // keeps in flight).
     const std::int64_t micro = layout.grad_accum_steps;
     std::uint64_t heaviest_own_experts = own_experts;
+    // Under sequence parallelism each rank of a tensor group sends its share of the rows.
+    plan.p2p_bytes_per_micro_batch = static_cast<double>(c.training.micro_batch_size) *
+                                     static_cast<double>(T) * static_cast<double>(m.d_model) *
+                                     sizeof(float) / static_cast<double>(slice.row_split());
+    std::vector<std::vector<StageBlocks>> ranks_chunks;
+    for (int s = 0; s < layout.pipeline; ++s)
+      ranks_chunks.push_back(rank_chunks(c, s, micro));
     for (int s = 0; s < layout.pipeline; ++s) {
-      const std::vector<StageBlocks> chunks = rank_chunks(c, s, micro);
+      const std::vector<StageBlocks>& chunks = ranks_chunks[static_cast<std::size_t>(s)];
       const ExpertSlice stage_experts{0, own_expert_storage(c, s) ? layout.expert : 1};
       const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
                             DType::f32, true, nullptr, nullptr, c.training.recompute, false, chunks,
@@ -312,6 +319,9 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                                    static_cast<double>(sizeof(float));
       own_experts = own_experts_of(part);  // (memory_of reads it) this stage's
       st.memory = memory_of(part.memory(), moe_records);
+      st.sends_in_flight = sends_in_flight(ranks_chunks, s);
+      st.memory.comm += static_cast<std::uint64_t>(st.sends_in_flight) *
+                        static_cast<std::uint64_t>(plan.p2p_bytes_per_micro_batch);
       if (s == 0 || st.memory.total() > mem.total()) {
         mem = st.memory;
         mm = part.memory();
@@ -323,10 +333,6 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     plan.chunks = pipeline_chunks(c);
     plan.bubble_fraction =
         static_cast<double>(layout.pipeline - 1) / static_cast<double>(plan.chunks * micro);
-    // Under sequence parallelism each rank of a tensor group sends its share of the rows.
-    plan.p2p_bytes_per_micro_batch = static_cast<double>(c.training.micro_batch_size) *
-                                     static_cast<double>(T) * static_cast<double>(m.d_model) *
-                                     sizeof(float) / static_cast<double>(slice.row_split());
   }
   const std::uint64_t full = mm.parameters;
 
@@ -691,8 +697,17 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
   if (m.recompute > 0)
     row("  recomputed", bytes(m.recompute), "(one block's share, refilled in backward)");
   row("  workspace", bytes(m.workspace), "(backward scratch, RoPE tables)");
+  // The heaviest stage's sends in flight (plan.memory is that stage's).
+  std::int64_t sends = 0;
+  for (const Plan::Stage& st : plan.stages)
+    if (st.memory.total() == m.total()) sends = st.sends_in_flight;
+  const bool buckets = m.comm > static_cast<std::uint64_t>(sends) *
+                                    static_cast<std::uint64_t>(plan.p2p_bytes_per_micro_batch);
+  const std::string sent = std::to_string(sends) + " pipeline message copies in flight";
   row("  communication", bytes(m.comm),
-      m.comm ? "(two gradient buckets in flight)" : "(none: one data rank or the shared sum)");
+      buckets ? (sends > 0 ? "(two gradient buckets and " + sent + ")"
+                           : std::string("(two gradient buckets in flight)"))
+              : (sends > 0 ? "(" + sent + ")" : "(none: one data rank or the shared sum)"));
   if (!plan.stages.empty()) {
     char frac[64];
     std::snprintf(frac, sizeof frac, "%.3f", plan.bubble_fraction);

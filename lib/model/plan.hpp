@@ -146,6 +146,9 @@ struct Plan {
     std::int64_t parameters = 0;
     /// Activation records (micro-batches in flight, summed over the chunks).
     std::int64_t in_flight = 1;
+    /// The most point-to-point messages this rank's sends hold copies of at once
+    /// (model::sends_in_flight), in memory.comm.
+    std::int64_t sends_in_flight = 0;
     MemoryPlan memory;
   };
   std::vector<Stage> stages;

@@ -65,6 +65,15 @@ int pipeline_chunks(const config::RunConfig& config);
 std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
                                      std::int64_t micro_batches);
 
+/// The most point-to-point messages pipeline rank `rank` holds copies of at once
+/// (train::Trainer copies what it sends and frees the copy once the send has completed),
+/// given every rank's chunks (rank_chunks of each, rank 0 first). A chunk's send of
+/// micro-batch j's activations completes before its backward of j starts (the gradient
+/// comes back only after the next virtual stage received j): at most its records in
+/// flight. Its send of j's gradient completes once the previous virtual stage has started
+/// its backward of j, which keeps j in flight until then: at most that chunk's records.
+std::int64_t sends_in_flight(const std::vector<std::vector<StageBlocks>>& ranks_chunks, int rank);
+
 /// Whether the last pipeline stage holds a copy of the embedding table: more than one
 /// stage, and tied embeddings or the MTP module (Transformer::holds_embedding_copy).
 bool stages_share_embedding(const config::RunConfig& config);

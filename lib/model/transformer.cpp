@@ -145,6 +145,25 @@ std::vector<StageBlocks> rank_chunks(const config::RunConfig& config, int rank,
   return out;
 }
 
+std::int64_t sends_in_flight(const std::vector<std::vector<StageBlocks>>& ranks_chunks, int rank) {
+  const auto P = static_cast<int>(ranks_chunks.size());
+  if (rank < 0 || rank >= P)
+    throw Error("model: no pipeline rank " + std::to_string(rank) + " of " + std::to_string(P));
+  const auto V = static_cast<int>(ranks_chunks[static_cast<std::size_t>(rank)].size());
+  const auto slots_of = [&](int virtual_stage) {
+    return ranks_chunks.at(static_cast<std::size_t>(virtual_stage % P))
+        .at(static_cast<std::size_t>(virtual_stage / P))
+        .slots;
+  };
+  std::int64_t n = 0;
+  for (int c = 0; c < V; ++c) {
+    const int v = c * P + rank;
+    if (v + 1 < V * P) n += slots_of(v);  // activations to the next virtual stage
+    if (v > 0) n += slots_of(v - 1);      // gradients to the previous one
+  }
+  return n;
+}
+
 std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blocks) {
   std::int64_t n = 0;
   for (std::int64_t l = blocks.first, last = blocks.last < 0 ? m.n_layers : blocks.last; l < last;

@@ -209,6 +209,12 @@ TEST(Plan, PipelineStagesHoldTheirLayers) {
   EXPECT_EQ(staged.stages[0].parameters + staged.stages[1].parameters, whole.params.total());
   EXPECT_DOUBLE_EQ(staged.bubble_fraction, 1.0 / 8.0);
   EXPECT_DOUBLE_EQ(staged.p2p_bytes_per_micro_batch, 4096.0 * 4096.0 * 4.0);
+  // The sends' copies in flight: stage 0's activations (its 2 records), stage 1's
+  // gradients (stage 0's 2 records: it keeps them until their gradients came back).
+  EXPECT_EQ(staged.stages[0].sends_in_flight, 2);
+  EXPECT_EQ(staged.stages[1].sends_in_flight, 2);
+  EXPECT_EQ(staged.stages[1].memory.comm,
+            static_cast<std::uint64_t>(2 * staged.p2p_bytes_per_micro_batch));
   // Half the blocks: about half the parameters' bytes per rank, the heaviest stage's.
   EXPECT_LT(staged.memory.parameters, whole.memory.parameters * 6 / 10);
   EXPECT_LT(staged.memory.total(), whole.memory.total());
@@ -241,6 +247,15 @@ TEST(Plan, PipelineStagesHoldTheirLayers) {
   }
   EXPECT_EQ(inter.stages[0].parameters + inter.stages[1].parameters, whole.params.total());
   EXPECT_DOUBLE_EQ(inter.bubble_fraction, 1.0 / 24.0);
+  // Virtual stage v = chunk x 2 + rank sends activations to v + 1 (up to its records) and
+  // gradients to v - 1 (up to v - 1's records).
+  {
+    const auto r0 = dst::model::chunk_in_flight(2, 0, 3, 8);
+    const auto r1 = dst::model::chunk_in_flight(2, 1, 3, 8);
+    // rank 0: v 0, 2, 4; rank 1: v 1, 3, 5 (the last sends no activations).
+    EXPECT_EQ(inter.stages[0].sends_in_flight, r0[0] + (r0[1] + r1[0]) + (r0[2] + r1[1]));
+    EXPECT_EQ(inter.stages[1].sends_in_flight, (r1[0] + r0[0]) + (r1[1] + r0[1]) + r0[2]);
+  }
   // More records in flight than 1f1b's (each of 1 / 3 of the stage's blocks): more
   // activation memory on stage 0 (4 + 3 + 2 = 9 chunk records against 2 stage records).
   EXPECT_GT(inter.stages[0].memory.activations, staged.stages[0].memory.activations);
