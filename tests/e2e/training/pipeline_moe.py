@@ -17,7 +17,8 @@ rate fast enough to move the choices (0.01):
   DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
   DP=2 x expert 2 x PP=2 on 4 ranks,       vs DP=2 x expert 2 on 2 ranks: within 1e-9
   and x PP=4 on 8 (stage 0 without MoE)
-  (each rank storing its own experts)      (losses, norms), 1e-6 (parameters): see below
+  (each rank storing its own experts,      (losses, norms), 1e-6 (parameters): see below
+  parallel.backend auto resolving to mpi)
   the same with ZeRO 1                     vs ZeRO 0: bit-identical
   its checkpoint resumed on 1 rank         its own steps 6-10 within 1e-5
   a NaN in an own expert's gradient        exit 6 naming the rank, its stage, the tensor
@@ -146,9 +147,15 @@ def main():
     same_bits("DP=2 x PP=2 ZeRO 1 vs DP=2 x PP=2", zero1, dp2pp2)
     _, *dpv2 = run("dp2pp2v2", 4, inter, lay.format(2, 2))
     same_bits("DP=2 x PP=2 interleaved vs DP=2", dpv2, dp2)
-    ep = ["parallel.expert=2", "parallel.backend=mpi"]
-    _, *ep2 = run("dp2ep2", 2, ep, lay.format(2, 1))
-    ep2pp2_out, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], lay.format(2, 2))
+    # parallel.backend auto: MPI, with stages or without (each rank stores its own experts,
+    # summed over the ranks holding the same ones: no flat shared-memory sum).
+    ep = ["parallel.expert=2"]
+
+    def eplay(data, stages):
+        return lay.format(data, stages) + " (experts over groups of 2) | comm mpi"
+
+    _, *ep2 = run("dp2ep2", 2, ep, eplay(2, 1))
+    ep2pp2_out, *ep2pp2 = run("dp2ep2pp2", 4, ep + ["parallel.pipeline=2"], eplay(2, 2))
     # Not bits: both store each rank's own experts, but without stages the gradient norm
     # adds its squares by group (the replicated tensors, then the experts' summed over the
     # expert group), with stages tensor by tensor in the model's order (each expert's from
@@ -172,12 +179,12 @@ def main():
     # Four stages: stage 0 holds the dense block 0 only (no experts to split), the others
     # one MoE block each, storing their own experts (issue 33: a stage without an MoE
     # block no longer makes every stage store every expert). The same bound.
-    _, *ep2pp4 = run("dp2ep2pp4", 8, ep + ["parallel.pipeline=4"], lay.format(2, 4))
+    _, *ep2pp4 = run("dp2ep2pp4", 8, ep + ["parallel.pipeline=4"], eplay(2, 4))
     near("DP=2 x expert 2 x PP=4 (stage 0 without MoE) vs DP=2 x expert 2", ep2pp4, ep2)
     # ZeRO 1 over the stage's own experts (sharded over the expert-data group of 1) and its
     # replicated tensors (over the data group): ZeRO 0's bits.
     _, *ep2pp2z = run("dp2ep2pp2-zero1", 4, ep + ["parallel.pipeline=2", "parallel.zero_stage=1"],
-                      lay.format(2, 2))
+                      eplay(2, 2))
     same_bits("DP=2 x expert 2 x PP=2 ZeRO 1 vs ZeRO 0", ep2pp2z, ep2pp2)
     # Its checkpoint holds every expert whole (each written by its holder): it resumes on
     # PP=1 with every expert on every rank, steps 6-10 as the run's own.
