@@ -483,12 +483,14 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     }
     const bool again = c.training.recompute == config::Recompute::full;
     // A DeepSeekMoE block's MLP is whole on every rank (block.hpp): its attention's
-    // all-reduces only (sequence parallelism is refused with MoE blocks); the blocks' mix
-    // of the whole model stands for a stage's.
+    // all-reduces only; under sequence parallelism its attention's (2.5, recomputed 3.5)
+    // and the MoE layer's gathers: its input forward, the output gradient and the input
+    // again backward (1.5, recomputed 2). The blocks' mix of the whole model stands for a
+    // stage's.
     const double moe_fraction =
         static_cast<double>(plan.params.moe_layers) / static_cast<double>(m.n_layers);
     const double per_block =
-        sp ? (again ? 7.0 : 5.0)
+        sp ? (again ? 7.0 : 5.0) * (1.0 - moe_fraction) + (again ? 5.5 : 4.0) * moe_fraction
            : (again ? 6.0 : 4.0) * (1.0 - moe_fraction) + (again ? 3.0 : 2.0) * moe_fraction;
     // The MTP module: its block (of the model's last block's kind), its embedding's sum and
     // its shared head's input gradient (counted with the heaviest stage's blocks).

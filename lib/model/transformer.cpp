@@ -11,10 +11,8 @@ namespace dst::model {
 Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp,
                          const ExpertSlice& ep)
     : tp_(tp), ep_(ep), embedding_(m.vocab_size, m.d_model, tp.size), head_(m, tp.size) {
-  if (tp.row_split() > 1 && (m.n_routed_experts > 0 || m.mtp_depth > 0))
-    throw Error(
-        "model: sequence parallelism is not built for DeepSeekMoE blocks or the multi-token "
-        "prediction module");
+  if (tp.row_split() > 1 && m.mtp_depth > 0)
+    throw Error("model: sequence parallelism is not built for the multi-token prediction module");
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
     blocks_.emplace_back(m, l, tp.size, ep, tp.row_split() > 1);

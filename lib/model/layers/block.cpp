@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "kernels/kernels.hpp"
 #include "model/layers/tensor_parallel.hpp"
+#include "tensor/memory.hpp"
 
 namespace dst::model {
 
@@ -34,8 +35,6 @@ Block::Block(const config::ModelSection& m, std::int64_t layer, int tensor_paral
       model_dense_mlp_(m.n_routed_experts == 0 || m.first_k_dense_replace > 0),
       C_(m.d_model),
       row_split_(sequence_parallel ? tensor_parallel : 1) {
-  if (row_split_ > 1 && m.moe_layer(layer))
-    throw Error("model: sequence parallelism is built for dense blocks only");
   if (m.mla())
     mla_.emplace(layer_prefix(layer) + "self_attn.", m, residual_std(m), tensor_parallel);
   if (m.moe_layer(layer)) moe_.emplace(layer_prefix(layer) + "mlp.", m, residual_std(m), ep);
@@ -177,7 +176,17 @@ void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std:
   kernels::add(c.ctx, a.mid, a.x, a.mid);
   c.store(a.mid);  // the residual stream
   norm2_.forward(c, a.mid, a.norm2);
-  if (row_split_ > 1) {
+  if (row_split_ > 1 && moe_) {
+    // A DeepSeekMoE layer under sequence parallelism: every row's input gathered, the layer
+    // computed whole (as under tensor parallelism alone, its parameters replicated), this
+    // rank's rows of its output kept.
+    const Compute whole = split_moe_context(c);
+    whole.tensor->all_gather(a.norm2.out, a.gathered);
+    moe_->forward(replicated(whole), B, T, a.gathered, a.moe, a.partial, !recomputing);
+    const tensor::Tensor own = own_rows(c, a.partial, B, T);
+    tensor::copy(c.ctx, out.ptr<float>(), own.ptr<float>(),
+                 static_cast<std::size_t>(own.numel()) * sizeof(float));
+  } else if (row_split_ > 1) {
     const Compute part = part_context(c);
     c.tensor->all_gather(a.norm2.out, a.gathered);
     mlp_.forward(part, a.gathered, a.mlp, a.partial);
@@ -203,7 +212,17 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
   else if (a.recompute == config::Recompute::selective)
     attn_.recompute_probs(c, B, T, a.attn);
   // MLP branch: out = mid + down(g); d_x holds d(loss)/d(out).
-  if (row_split_ > 1) {
+  if (row_split_ > 1 && moe_) {
+    // Every row's output gradient and input gathered, the layer's backward whole (the same
+    // bits on every rank of the group: its parameters' gradients are replicated), this
+    // rank's rows of its input gradient kept: no sum over the group.
+    const Compute whole = split_moe_context(c);
+    c.store(d_x);
+    whole.tensor->all_gather(d_x, a.partial);
+    whole.tensor->all_gather(a.norm2.out, a.gathered);
+    moe_->backward(replicated(whole), B, T, a.partial, a.gathered, a.moe, s.moe, s.d_ln);
+    norm2_.backward_rows(c, own_rows(c, s.d_ln, B, T), a.mid, a.norm2, d_x, s.d_norm);
+  } else if (row_split_ > 1) {
     split_backward(c, rows(B, T), a, norm2_, a.mid, a.norm2, s, d_x,
                    [&](const Compute& part, const tensor::Tensor& dout, const tensor::Tensor& in) {
                      mlp_.backward(part, dout, in, a.mlp, s.mlp, s.d_ln);
@@ -242,6 +261,20 @@ Compute Block::replicated(const Compute& c) {
   Compute whole = c;
   whole.tensor = nullptr;
   return whole;
+}
+
+Compute Block::split_moe_context(const Compute& c) const {
+  if (c.tensor == nullptr || c.tensor->size() != row_split_)
+    throw Error("model: a sequence-parallel block split over " + std::to_string(row_split_) +
+                " ranks needs its tensor group (DenseModel::set_tensor_parallel)");
+  return c;
+}
+
+tensor::Tensor Block::own_rows(const Compute& c, const tensor::Tensor& whole, std::int64_t B,
+                               std::int64_t T) const {
+  // The group's ranks hold consecutive row ranges, in rank order (TensorGroup's gather).
+  const std::int64_t n = rows(B, T);
+  return row_range(whole, static_cast<std::int64_t>(c.tensor->rank()) * n, n);
 }
 
 Compute Block::part_context(const Compute& c) const {

@@ -11,7 +11,11 @@
 /// residual stream's and the norms' activations. Backward mirrors it (the gradient of an
 /// all-gather is a reduce-scatter and vice versa) and re-gathers the norms' rows rather
 /// than keep them whole; each norm weight's gradient, a sum over this rank's rows, is
-/// summed over the tensor group per micro-batch.
+/// summed over the tensor group per micro-batch. A DeepSeekMoE layer (whole on every rank
+/// of the group, as under tensor parallelism alone) gathers its input's rows, runs on
+/// every row and keeps this rank's rows of its output; backward gathers the output
+/// gradient and the input again and keeps this rank's rows of the input gradient (every
+/// rank computed the same, so nothing is summed).
 
 #include <cstddef>
 #include <cstdint>
@@ -138,6 +142,12 @@ class Block {
   Compute part_context(const Compute& c) const;
   /// `c` without the tensor group: a DeepSeekMoE layer's context under tensor parallelism.
   static Compute replicated(const Compute& c);
+  /// Sequence parallelism with a DeepSeekMoE layer: `c`, checked to hold the tensor group
+  /// the rows are split over (the layer itself runs in replicated(c), on every row).
+  Compute split_moe_context(const Compute& c) const;
+  /// This rank's rows (rows(B, T) of them) of `whole`, a tensor of every row of the group.
+  tensor::Tensor own_rows(const Compute& c, const tensor::Tensor& whole, std::int64_t B,
+                          std::int64_t T) const;
   /// The backward of the attention or the MLP (a part) from its partial output gradient
   /// and input, both (N, C): writes its partial input gradient into BlockScratch::d_ln.
   using PartBackward = std::function<void(const Compute& part, const tensor::Tensor& dout,

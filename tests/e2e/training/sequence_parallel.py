@@ -18,6 +18,10 @@ layout, 10 steps:
   DP=2 x TP=2 + SP, ZeRO 2 (mpi)              vs DP=2 x TP=2 + SP (mpi): bit-identical
   the TP=2 + SP checkpoint at step 5          resumes on 1 rank and on TP=4 + SP: steps
                                               6-10 within the bounds of TP=2 + SP's
+  tiny-moe (DeepSeekMoE blocks) TP=2 + SP     vs TP=2: step 1's loss, expert loads and
+                                              biases bit for bit, then within the bounds;
+                                              vs 1 rank within them; the traffic as counted
+  tiny-moe DP=2 x expert 2 x TP=2 x PP=2 + SP vs DP=2 x expert 2 (2 ranks): within them
 
 Why bounds and not bits against one rank: as for tensor parallelism (tensor_parallel.py),
 row-parallel products and the vocabulary-parallel cross-entropy sum in T partial sums; and
@@ -126,6 +130,49 @@ def main():
     _, *r4 = run("resume-sp4", 4, [f"checkpoint.resume={ck}", "parallel.tensor=4"] + SP,
                  lay.format(1, 4, 1))
     within("TP=2 + SP checkpoint resumed on TP=4 + SP vs TP=2 + SP", r4, sp2, first_step=6)
+
+    # DeepSeekMoE blocks (tiny-moe: latent attention, block 0 dense, blocks 1-3 MoE): each
+    # MoE layer gathers every row, runs whole on every rank of the group (as under TP
+    # alone) and keeps this rank's rows. Against TP=2: the first loss and step 1's expert
+    # loads and biases bit for bit (the same layer on the same rows), the rest within the
+    # bounds (the norm weights' gradients sum per rank); against one rank within them.
+    # Traffic: TP=2's plus, per micro-batch, one all-reduce equivalent per dense block and
+    # two per MoE block (its input gathered forward, its output gradient and input
+    # backward: 1.5, against TP's MoE-free 0 and SP's whole-rows split of its attention's
+    # 2 into 2.5), and the norm weights' gradients.
+    moe = ["model.preset=tiny-moe"]
+    _, *moe1 = run("moe-tp1", 1, moe, lay.format(1, 1, 1))
+    _, *moe2 = run("moe-tp2", 2, moe + ["parallel.tensor=2"], lay.format(1, 2, 1))
+    _, *moesp2 = run("moe-sp2", 2, moe + ["parallel.tensor=2"] + SP, lay.format(1, 2, 1))
+    def step1(r):
+        first = next(x for x in r[2] if x.get("type") == "step")
+        return r[0][0][:2], first.get("moe")
+
+    if step1(moesp2) != step1(moe2) or not step1(moe2)[1]:
+        problems.append(f"tiny-moe TP=2 + SP: step 1 {step1(moesp2)} is not TP=2's {step1(moe2)}")
+    else:
+        print("tiny-moe TP=2 + SP: step 1's loss, expert loads and biases are TP=2's bit for bit")
+    within("tiny-moe TP=2 + SP vs TP=2", moesp2, moe2)
+    within("tiny-moe TP=2 + SP vs 1 rank", moesp2, moe1)
+    width = moe1[1]["model.embed_tokens.weight"].shape[1]
+    whole_moe = MICRO * SEQ * width * 4
+    dense_blocks, moe_blocks = 1, BLOCKS - 1
+    got = [[x for x in r[2] if x.get("type") == "step"][-1].get("tensor_allreduce_bytes")
+           for r in (moesp2, moe2)]
+    extra = (GLOBAL // MICRO) * ((dense_blocks + 2 * moe_blocks) * whole_moe +
+                                 (2 * BLOCKS + 1) * width * 4)
+    if None in got or got[0] - got[1] != extra:
+        problems.append(f"tiny-moe TP=2 + SP: tensor_allreduce_bytes {got[0]} against TP=2's "
+                        f"{got[1]}: expected {extra} more")
+    else:
+        print(f"tiny-moe TP=2 + SP: {got[0]} bytes over the tensor group per step, TP=2's "
+              f"{got[1]} + {extra}")
+    _, *moe_dp = run("moe-dp2ep2tp2-sp", 8, moe + ["parallel.tensor=2", "parallel.expert=2",
+                                                  "parallel.pipeline=2"] + SP,
+                     lay.format(2, 2, 2))
+    _, *moe_dp_ref = run("moe-dp2ep2", 2, moe + ["parallel.expert=2"], lay.format(2, 1, 1))
+    within("tiny-moe DP=2 x expert 2 x TP=2 x PP=2 + SP (8 ranks) vs DP=2 x expert 2",
+           moe_dp, moe_dp_ref)
 
     print("losses 1 rank:   " + " ".join(f"{s[1]:.6f}" for s in one[0]))
     print("losses TP=2 + SP: " + " ".join(f"{s[1]:.6f}" for s in sp2[0]))

@@ -1249,13 +1249,13 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
                        "does not divide model.ffn_dim (690)"));
   EXPECT_TRUE(Contains(load_error("model: {vocab_size: 258}\nparallel: {tensor: 4}\n"),
                        "does not divide model.vocab_size (258)"));
-  // DeepSeekMoE layers are computed whole on each rank of a tensor group (block.hpp), the
-  // MTP module split as the model; neither with sequence parallelism.
+  // DeepSeekMoE layers are computed whole on each rank of a tensor group (block.hpp), also
+  // with sequence parallelism (on every row, gathered); the MTP module split as the model,
+  // not with sequence parallelism.
   EXPECT_EQ(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2}\n"), "<no error>");
-  EXPECT_TRUE(Contains(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2, "
-                                  "sequence_parallel: true}\n"),
-                       "parallel.sequence_parallel is not supported yet with a DeepSeekMoE model "
-                       "(model.n_routed_experts 8)"));
+  EXPECT_EQ(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2, sequence_parallel: "
+                       "true}\n"),
+            "<no error>");
   EXPECT_EQ(load_error("model: {preset: tiny-moe, mtp_depth: 1}\nparallel: {tensor: 2}\n"),
             "<no error>");
   EXPECT_TRUE(Contains(load_error("model: {mtp_depth: 1}\nparallel: {tensor: 2, "
