@@ -21,6 +21,8 @@ layout, 10 steps:
   tiny-moe (DeepSeekMoE blocks) TP=2 + SP     vs TP=2: step 1's loss, expert loads and
                                               biases bit for bit, then within the bounds;
                                               vs 1 rank within them; the traffic as counted
+  tiny-moe TP=2 + SP, recompute full and      vs tiny-moe TP=2 + SP: bit-identical
+  selective
   tiny-moe DP=2 x expert 2 x TP=2 x PP=2 + SP vs DP=2 x expert 2 (2 ranks): within them
 
 Why bounds and not bits against one rank: as for tensor parallelism (tensor_parallel.py),
@@ -167,6 +169,11 @@ def main():
     else:
         print(f"tiny-moe TP=2 + SP: {got[0]} bytes over the tensor group per step, TP=2's "
               f"{got[1]} + {extra}")
+    for recompute in ("full", "selective"):
+        _, *moe_re = run(f"moe-sp2-{recompute}", 2,
+                         moe + ["parallel.tensor=2", f"training.recompute={recompute}"] + SP,
+                         lay.format(1, 2, 1))
+        same_bits(f"tiny-moe TP=2 + SP recompute {recompute} vs TP=2 + SP", moe_re, moesp2)
     _, *moe_dp = run("moe-dp2ep2tp2-sp", 8, moe + ["parallel.tensor=2", "parallel.expert=2",
                                                   "parallel.pipeline=2"] + SP,
                      lay.format(2, 2, 2))
