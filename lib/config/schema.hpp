@@ -457,9 +457,9 @@ void visit_parallel(V& v, S&... s) {
                "checkpoints every expert whole. Dropless unless model.moe.capacity_factor; "
                "node-limited routing by model.moe.max_nodes_per_token; host memory and the "
                "mpi back end only (the NCCL all-to-all exists, the dispatch on a GPU does not; "
-               "shm does not cover per-rank experts yet; with parallel.zero_stage > 0 in shared "
-               "memory, or pipeline stages of which one holds no MoE block, every rank stores "
-               "every expert). "
+               "shm does not cover per-rank experts yet: parallel.backend auto takes mpi, "
+               "shm is refused; on pipeline stages each stage holding an MoE block stores its "
+               "own experts). "
                "With parallel.zero_stage > 0 over mpi the own experts' state is sharded over "
                "the ranks holding the same experts (data ranks / expert), the rest over the "
                "data ranks.")

@@ -107,8 +107,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   // over MPI shards the two parts of the buffer apart (the replicated tensors over the
   // data group, the own experts over the expert-data group); ZeRO in shared memory (whose
   // parts are the node's) keeps every expert on every rank, as before per-rank storage
-  // existed. `any_expert_storage_`: some stage stores them (the consistency check of the
-  // own experts is collective over the world).
+  // existed (the start-up, runtime::resolve_backends, refuses shm with split experts; a
+  // Trainer built directly may still get it). `any_expert_storage_`: some stage stores them (the
+  // consistency check of the own experts is collective over the world).
   const bool storage_allowed =
       layout.expert > 1 &&
       (config.parallel.zero_stage == 0 || options.grad_comm == runtime::CommBackend::mpi);
