@@ -324,6 +324,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                         static_cast<std::uint64_t>(plan.p2p_bytes_per_micro_batch);
       if (s == 0 || st.memory.total() > mem.total()) {
         mem = st.memory;
+        plan.heaviest_stage = s;
         mm = part.memory();
         heaviest_own_experts = own_experts;
       }
@@ -700,9 +701,10 @@ std::string format_plan(const config::RunConfig& c, const config::Layout& layout
     row("  recomputed", bytes(m.recompute), "(one block's share, refilled in backward)");
   row("  workspace", bytes(m.workspace), "(backward scratch, RoPE tables)");
   // The heaviest stage's sends in flight (plan.memory is that stage's).
-  std::int64_t sends = 0;
-  for (const Plan::Stage& st : plan.stages)
-    if (st.memory.total() == m.total()) sends = st.sends_in_flight;
+  const std::int64_t sends =
+      plan.heaviest_stage >= 0
+          ? plan.stages.at(static_cast<std::size_t>(plan.heaviest_stage)).sends_in_flight
+          : 0;
   const bool buckets = m.comm > static_cast<std::uint64_t>(sends) *
                                     static_cast<std::uint64_t>(plan.p2p_bytes_per_micro_batch);
   const std::string sent = std::to_string(sends) + " pipeline message copies in flight";

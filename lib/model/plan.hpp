@@ -152,6 +152,8 @@ struct Plan {
     MemoryPlan memory;
   };
   std::vector<Stage> stages;
+  /// The stage `memory` is (the heaviest; the first of equals), or -1 without stages.
+  int heaviest_stage = -1;
   /// Model chunks per pipeline rank (parallel.virtual_stages under interleaved, else 1).
   int chunks = 1;
   /// The schedule's bubble, (P - 1) / (chunks x micro-batches) (0 for one stage).

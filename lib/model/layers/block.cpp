@@ -180,9 +180,8 @@ void Block::run_forward(const Compute& c, const Rope& rope, std::int64_t B, std:
     // A DeepSeekMoE layer under sequence parallelism: every row's input gathered, the layer
     // computed whole (as under tensor parallelism alone, its parameters replicated), this
     // rank's rows of its output kept.
-    const Compute whole = split_moe_context(c);
-    whole.tensor->all_gather(a.norm2.out, a.gathered);
-    moe_->forward(replicated(whole), B, T, a.gathered, a.moe, a.partial, !recomputing);
+    row_group(c).all_gather(a.norm2.out, a.gathered);
+    moe_->forward(replicated(c), B, T, a.gathered, a.moe, a.partial, !recomputing);
     const tensor::Tensor own = own_rows(c, a.partial, B, T);
     tensor::copy(c.ctx, out.ptr<float>(), own.ptr<float>(),
                  static_cast<std::size_t>(own.numel()) * sizeof(float));
@@ -216,11 +215,11 @@ void Block::backward(const Compute& c, const Rope& rope, std::int64_t B, std::in
     // Every row's output gradient and input gathered, the layer's backward whole (the same
     // bits on every rank of the group: its parameters' gradients are replicated), this
     // rank's rows of its input gradient kept: no sum over the group.
-    const Compute whole = split_moe_context(c);
+    TensorParallel& group = row_group(c);
     c.store(d_x);
-    whole.tensor->all_gather(d_x, a.partial);
-    whole.tensor->all_gather(a.norm2.out, a.gathered);
-    moe_->backward(replicated(whole), B, T, a.partial, a.gathered, a.moe, s.moe, s.d_ln);
+    group.all_gather(d_x, a.partial);
+    group.all_gather(a.norm2.out, a.gathered);
+    moe_->backward(replicated(c), B, T, a.partial, a.gathered, a.moe, s.moe, s.d_ln);
     norm2_.backward_rows(c, own_rows(c, s.d_ln, B, T), a.mid, a.norm2, d_x, s.d_norm);
   } else if (row_split_ > 1) {
     split_backward(c, rows(B, T), a, norm2_, a.mid, a.norm2, s, d_x,
@@ -263,11 +262,11 @@ Compute Block::replicated(const Compute& c) {
   return whole;
 }
 
-Compute Block::split_moe_context(const Compute& c) const {
+TensorParallel& Block::row_group(const Compute& c) const {
   if (c.tensor == nullptr || c.tensor->size() != row_split_)
     throw Error("model: a sequence-parallel block split over " + std::to_string(row_split_) +
                 " ranks needs its tensor group (DenseModel::set_tensor_parallel)");
-  return c;
+  return *c.tensor;
 }
 
 tensor::Tensor Block::own_rows(const Compute& c, const tensor::Tensor& whole, std::int64_t B,
@@ -278,9 +277,7 @@ tensor::Tensor Block::own_rows(const Compute& c, const tensor::Tensor& whole, st
 }
 
 Compute Block::part_context(const Compute& c) const {
-  if (c.tensor == nullptr || c.tensor->size() != row_split_)
-    throw Error("model: a sequence-parallel block split over " + std::to_string(row_split_) +
-                " ranks needs its tensor group (DenseModel::set_tensor_parallel)");
+  row_group(c);
   Compute part = c;
   part.keep_partial = true;
   return part;

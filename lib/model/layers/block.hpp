@@ -142,9 +142,9 @@ class Block {
   Compute part_context(const Compute& c) const;
   /// `c` without the tensor group: a DeepSeekMoE layer's context under tensor parallelism.
   static Compute replicated(const Compute& c);
-  /// Sequence parallelism with a DeepSeekMoE layer: `c`, checked to hold the tensor group
-  /// the rows are split over (the layer itself runs in replicated(c), on every row).
-  Compute split_moe_context(const Compute& c) const;
+  /// Sequence parallelism: the tensor group the rows are split over (throws dst::Error
+  /// when `c` lacks it).
+  TensorParallel& row_group(const Compute& c) const;
   /// This rank's rows (rows(B, T) of them) of `whole`, a tensor of every row of the group.
   tensor::Tensor own_rows(const Compute& c, const tensor::Tensor& whole, std::int64_t B,
                           std::int64_t T) const;
