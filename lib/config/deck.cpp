@@ -527,16 +527,6 @@ void check_tensor(const RunConfig& c, const GivenKeys& given, const std::string&
                          "attention, dense or DeepSeekMoE, on host memory); set "
                          "parallel.tensor: 1");
   };
-  // Sequence parallelism splits the token rows between the layers' parts; the MTP module's
-  // block takes whole rows (an MoE layer gathers them: block.hpp).
-  const auto whole_rows = [&](const char* key, const std::string& what) {
-    fail_combination(given, fallback, {"parallel.sequence_parallel", key},
-                     "parallel.sequence_parallel is not supported yet with " + what +
-                         ": it takes whole token rows; set parallel.sequence_parallel: false");
-  };
-  if (c.parallel.sequence_parallel && m.mtp_depth > 0)
-    whole_rows("model.mtp_depth",
-               "the multi-token prediction module (model.mtp_depth " + s(m.mtp_depth) + ")");
   if (c.kernels.backend == KernelsBackend::cuda)
     refuse("kernels.backend", "kernels.backend cuda (the tensor group reduces host memory)");
   if (c.parallel.backend == ParallelBackend::nccl)

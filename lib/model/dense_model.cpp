@@ -193,7 +193,7 @@ struct DenseModel::Impl {
                                          mtp_targets_host.data());
       tensor::copy(c.ctx, mtp.tokens.data, mtp_tokens_host.data(), bytes);
       tensor::copy(c.ctx, mtp.targets.data, mtp_targets_host.data(), bytes);
-      p->forward(c, net.embedding(), rope, B, T, head.norm.out, mtp);
+      p->forward(c, net.embedding(), rope, B, T, rows != N ? head.rows : head.norm.out, mtp);
     }
   }
 
@@ -232,14 +232,14 @@ struct DenseModel::Impl {
     // MTP module first: its parameters come after the head's, and it adds to the gradient
     // of the head's normalised output, which it reads.
     if (const MultiTokenPrediction* p = net.mtp())
-      p->backward(c, net.embedding(), rope, B, T, head.norm.out, mtp, block, mtp_scratch, d_x,
-                  ready);
+      p->backward(c, net.embedding(), rope, B, T, rows != N ? head.rows : head.norm.out, mtp, block,
+                  mtp_scratch, d_x, ready);
+    const Tensor d_main = net.mtp() ? mtp_scratch.d_main : Tensor{};
     if (rows != N)
       net.head().backward_rows(c, head, block.d_ln, row_range(gathered, 0, rows), block.d_norm,
-                               dx_rows, ready);
+                               dx_rows, ready, d_main);
     else
-      net.head().backward(c, head, block.d_ln, d_x, ready,
-                          net.mtp() ? mtp_scratch.d_main : Tensor{});
+      net.head().backward(c, head, block.d_ln, d_x, ready, d_main);
     net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
     embedding_backward();
     all_ready();

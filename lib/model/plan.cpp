@@ -490,13 +490,16 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // stage's.
     const double moe_fraction =
         static_cast<double>(plan.params.moe_layers) / static_cast<double>(m.n_layers);
-    const double per_block =
-        sp ? (again ? 7.0 : 5.0) * (1.0 - moe_fraction) + (again ? 5.5 : 4.0) * moe_fraction
-           : (again ? 6.0 : 4.0) * (1.0 - moe_fraction) + (again ? 3.0 : 2.0) * moe_fraction;
-    // The MTP module: its block (of the model's last block's kind), its embedding's sum and
-    // its shared head's input gradient (counted with the heaviest stage's blocks).
-    const double mtp_block = m.n_routed_experts > 0 ? (again ? 3.0 : 2.0) : (again ? 6.0 : 4.0);
-    const double ends = 2.0 + static_cast<double>(m.mtp_depth) * (mtp_block + 2.0);
+    const double dense_block = sp ? (again ? 7.0 : 5.0) : (again ? 6.0 : 4.0);
+    const double moe_block = sp ? (again ? 5.5 : 4.0) : (again ? 3.0 : 2.0);
+    const double per_block = dense_block * (1.0 - moe_fraction) + moe_block * moe_fraction;
+    // The MTP module (counted with the heaviest stage's blocks): its block (of the model's
+    // last block's kind); its embedding's sum and its shared head's input gradient (2);
+    // under sequence parallelism its embedding's reduce-scatter and the gather of its
+    // gradient, its head's gather and reduce-scatter, and eh_proj's weight gradient's
+    // gathers of its output gradient and both inputs (3.5).
+    const double mtp_block = m.n_routed_experts > 0 ? moe_block : dense_block;
+    const double ends = 2.0 + static_cast<double>(m.mtp_depth) * (mtp_block + (sp ? 3.5 : 2.0));
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;
     const double buffer = static_cast<double>(c.training.micro_batch_size) *
@@ -510,7 +513,10 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
              format_count(calls) + " per step)",
          buffer, plan.tensor_bytes_per_step});
     if (sp) {
-      const double norm_calls = (2.0 * static_cast<double>(blocks) + 1.0) * micro;
+      // The MTP module's enorm, hnorm, its block's two and its head's.
+      const double norm_calls =
+          (2.0 * static_cast<double>(blocks) + 1.0 + 5.0 * static_cast<double>(m.mtp_depth)) *
+          micro;
       const double norm_buffer = static_cast<double>(m.d_model) * sizeof(float);
       const double norm_bytes = norm_calls * ring * norm_buffer;
       plan.tensor_allreduces_per_step += norm_calls;

@@ -83,7 +83,8 @@ std::int64_t moe_blocks_in(const config::ModelSection& m, const StageBlocks& blo
 
 /// Whether expert parallelism stores each rank's own routed experts only on pipeline stage
 /// `stage`: a model with routed experts, without pipeline stages or with an MoE block on
-/// that stage (a stage without one has no experts: nothing to split).
+/// that stage, the MTP module's included (a stage without one has no experts: nothing to
+/// split).
 bool own_expert_storage(const config::RunConfig& config, int stage = 0);
 
 /// The parameters of a rank's chunks (Transformer::parameter_layout of them).

@@ -11,12 +11,10 @@ namespace dst::model {
 Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp,
                          const ExpertSlice& ep)
     : tp_(tp), ep_(ep), embedding_(m.vocab_size, m.d_model, tp.size), head_(m, tp.size) {
-  if (tp.row_split() > 1 && m.mtp_depth > 0)
-    throw Error("model: sequence parallelism is not built for the multi-token prediction module");
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
     blocks_.emplace_back(m, l, tp.size, ep, tp.row_split() > 1);
-  if (m.mtp_depth > 0) mtp_.emplace(m, tp.size);
+  if (m.mtp_depth > 0) mtp_.emplace(m, tp.size, ep, tp.row_split() > 1);
   tied_ = m.tie_embeddings;
 }
 
@@ -180,7 +178,11 @@ bool own_expert_storage(const config::RunConfig& config, int stage) {
   if (config.parallel.pipeline == 1) return true;
   std::int64_t moe = 0;
   for (const StageBlocks& chunk : rank_chunks(config, stage, 0))
-    moe += moe_blocks_in(config.model, chunk);
+    moe +=
+        moe_blocks_in(config.model, chunk) +
+        (chunk.head && config.model.mtp_depth > 0 && config.model.moe_layer(config.model.n_layers)
+             ? 1
+             : 0);  // the MTP module's block
   return moe > 0;
 }
 

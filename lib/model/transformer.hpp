@@ -32,8 +32,9 @@ class Transformer {
   /// layout then holds the slices' shapes. Throws dst::Error for a model kind tensor
   /// parallelism is not built for.
   /// `ep`: this rank's expert slice (expert parallelism's storage, layers/moe_dispatch.hpp):
-  /// the MoE blocks hold their slice of the routed experts only, and the layout puts those
-  /// tensors (ParamSpec::ep_size > 1) after all the others, in the same relative order.
+  /// the MoE blocks (the MTP module's too) hold their slice of the routed experts only, and
+  /// the layout puts those tensors (ParamSpec::ep_size > 1) after all the others, in the
+  /// same relative order.
   explicit Transformer(const config::ModelSection& m, const TensorSlice& tp = {},
                        const ExpertSlice& ep = {});
 

@@ -140,12 +140,14 @@ void Head::backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d
 
 void Head::backward_rows(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
                          const tensor::Tensor& d_rows, const tensor::Tensor& d_norm,
-                         const tensor::Tensor& d_x, const OnReady& ready) const {
+                         const tensor::Tensor& d_x, const OnReady& ready,
+                         const tensor::Tensor& d_out) const {
   if (tp_ == 1 || c.tensor == nullptr)
     throw Error("model: the head splits its rows only under tensor parallelism");
   c.store(a.logits);
   blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
   c.tensor->reduce_scatter(d_ln, d_rows);  // this rank's rows of the vocabulary slices' sum
+  if (!d_out.empty()) kernels::add(c.ctx, d_rows, d_out, d_rows);
   kernels::zero(c.ctx, d_x);
   norm_.backward_rows(c, d_rows, a.x, RmsNormActs{a.rows, a.norm.rstd}, d_x, d_norm);
   head_ready(c, ready);

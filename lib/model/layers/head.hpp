@@ -74,9 +74,11 @@ class Head {
   /// backward() of forward_rows(): d_x (N/T, C) = d(loss)/d(a.x) of this rank's rows. The
   /// partial input gradient of the projection, d_ln (N, C), is reduce-scattered into d_rows
   /// (N/T, C); the norm weight's gradient is summed over the group through d_norm (C).
+  /// `d_out` (N/T, C), if not empty: backward()'s, this rank's rows of it.
   void backward_rows(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
                      const tensor::Tensor& d_rows, const tensor::Tensor& d_norm,
-                     const tensor::Tensor& d_x, const OnReady& ready) const;
+                     const tensor::Tensor& d_x, const OnReady& ready,
+                     const tensor::Tensor& d_out = {}) const;
 
  private:
   RmsNorm norm_;

@@ -14,13 +14,15 @@ std::string mtp_prefix(const config::ModelSection& m) {
 }
 }  // namespace
 
-MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m, int tensor_parallel)
+MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m, int tensor_parallel,
+                                           const ExpertSlice& ep, bool sequence_parallel)
     : enorm_(mtp_prefix(m) + "enorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       hnorm_(mtp_prefix(m) + "hnorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       eh_name_(mtp_prefix(m) + "eh_proj.weight"),
-      block_(m, m.n_layers, tensor_parallel),
+      block_(m, m.n_layers, tensor_parallel, ep, sequence_parallel),
       head_(m, mtp_prefix(m) + "shared_head.norm.weight", tensor_parallel),
-      C_(m.d_model) {
+      C_(m.d_model),
+      row_split_(sequence_parallel ? tensor_parallel : 1) {
   if (m.mtp_depth != 1)
     throw Error("model: a multi-token prediction module needs model.mtp_depth 1, got " +
                 std::to_string(m.mtp_depth));
@@ -47,22 +49,22 @@ void MultiTokenPrediction::bind(const ParamStore& params) {
 
 MtpActs MultiTokenPrediction::take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                                    config::Recompute recompute, const BlockActs& shared) const {
-  const std::int64_t N = B * T;
+  const std::int64_t N = B * T, R = rows(N);
   MtpActs a;
   a.tokens = arena.take("mtp_tokens", {N}, DType::i32);
   a.targets = arena.take("mtp_targets", {N}, DType::i32);
-  a.emb = arena.take("mtp_emb", {N, C_}, DType::f32);
-  a.enorm = enorm_.take(arena, N, "mtp_enorm", "mtp_enorm_rstd");
-  a.hnorm = hnorm_.take(arena, N, "mtp_hnorm", "mtp_hnorm_rstd");
+  a.emb = arena.take("mtp_emb", {R, C_}, DType::f32);
+  a.enorm = enorm_.take(arena, R, "mtp_enorm", "mtp_enorm_rstd");
+  a.hnorm = hnorm_.take(arena, R, "mtp_hnorm", "mtp_hnorm_rstd");
   a.block = block_.take(arena, B, T, fused, recompute, shared);
-  a.head = head_.take(arena, N);
+  a.head = R == N ? head_.take(arena, N) : head_.take(arena, N, R);
   return a;
 }
 
 MtpScratch MultiTokenPrediction::take_scratch(tensor::Arena& arena, std::int64_t N) const {
   MtpScratch s;
-  s.d_h = arena.take("mtp_d_h", {N, C_}, DType::f32);
-  s.d_main = arena.take("mtp_d_main", {N, C_}, DType::f32);
+  s.d_h = arena.take("mtp_d_h", {rows(N), C_}, DType::f32);
+  s.d_main = arena.take("mtp_d_main", {rows(N), C_}, DType::f32);
   return s;
 }
 
@@ -81,21 +83,27 @@ void MultiTokenPrediction::make_targets(const std::int32_t* targets, std::int64_
 void MultiTokenPrediction::forward(const Compute& c, const Embedding& embedding, const Rope& rope,
                                    std::int64_t B, std::int64_t T, const tensor::Tensor& h,
                                    const MtpActs& a) const {
-  const std::int64_t N = B * T;
-  embedding.forward(c, a.tokens, a.emb);
+  const std::int64_t R = rows(B * T);
+  if (R != B * T)
+    embedding.forward_rows(c, a.tokens, a.block.gathered, a.emb);  // this rank's rows
+  else
+    embedding.forward(c, a.tokens, a.emb);
   enorm_.forward(c, a.emb, a.enorm);
   hnorm_.forward(c, h, a.hnorm);
   // eh_proj of the concatenation without forming it: x = e W[:, :C]^T + h W[:, C:]^T, the
   // two column halves of W (C, 2C) read with its row stride 2C.
   const float* w = c.weight(eh_proj_).ptr<float>();
   float* x = a.block.x.ptr<float>();
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f, a.enorm.out.ptr<float>(),
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, R, C_, C_, 1.0f, a.enorm.out.ptr<float>(),
              C_, w, 2 * C_, 0.0f, x, C_);
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, N, C_, C_, 1.0f, a.hnorm.out.ptr<float>(),
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::yes, R, C_, C_, 1.0f, a.hnorm.out.ptr<float>(),
              C_, w + C_, 2 * C_, 1.0f, x, C_);
   c.store(a.block.x);
   block_.forward(c, rope, B, T, a.block, a.head.x);
-  head_.forward(c, a.head.x, a.head.norm, a.head.logits);
+  if (R != B * T)
+    head_.forward_rows(c, a.head);  // its norm on this rank's rows, then gathered
+  else
+    head_.forward(c, a.head.x, a.head.norm, a.head.logits);
 }
 
 void MultiTokenPrediction::loss(const Compute& c, const MtpActs& a) const {
@@ -111,29 +119,58 @@ void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding
                                     std::int64_t B, std::int64_t T, const tensor::Tensor& h,
                                     const MtpActs& a, const BlockScratch& bs, const MtpScratch& s,
                                     const tensor::Tensor& d_x, const OnReady& ready) const {
-  const std::int64_t N = B * T;
-  head_.backward(c, a.head, bs.d_ln, d_x, ready);           // d_x: d(loss)/d(block output)
-  block_.backward(c, rope, B, T, a.block, bs, d_x, ready);  // d_x: d(loss)/d(eh_proj output)
+  const std::int64_t N = B * T, R = rows(N);
+  const bool split = R != N;
+  const tensor::Tensor dx = row_range(d_x, 0, R);  // this rank's rows
+  if (split)                                       // d_x: d(loss)/d(block output), this rank's rows
+    head_.backward_rows(c, a.head, bs.d_ln, row_range(a.block.gathered, 0, R), bs.d_norm, dx,
+                        ready);
+  else
+    head_.backward(c, a.head, bs.d_ln, d_x, ready);
+  block_.backward(c, rope, B, T, a.block, bs, dx, ready);  // d(loss)/d(eh_proj output)
   // eh_proj: d_e = dy W[:, :C], d_h = dy W[:, C:]; dW[:, :C] += dy^T e, dW[:, C:] += dy^T h.
-  c.store(d_x);
+  c.store(dx);
   const float* w = c.weight(eh_proj_).ptr<float>();
   float* dw = c.grad(eh_proj_).ptr<float>();
-  const float* dy = d_x.ptr<float>();
-  const tensor::Tensor& d_e = bs.d_ln;
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w, 2 * C_, 0.0f,
-             d_e.ptr<float>(), C_);
-  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, N, C_, C_, 1.0f, dy, C_, w + C_, 2 * C_, 0.0f,
-             s.d_h.ptr<float>(), C_);
-  blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_,
-             a.enorm.out.ptr<float>(), C_, 1.0f, dw, 2 * C_);
-  blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_,
-             a.hnorm.out.ptr<float>(), C_, 1.0f, dw + C_, 2 * C_);
+  const tensor::Tensor d_e = row_range(bs.d_ln, 0, R);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, R, C_, C_, 1.0f, dx.ptr<float>(), C_, w,
+             2 * C_, 0.0f, d_e.ptr<float>(), C_);
+  blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, R, C_, C_, 1.0f, dx.ptr<float>(), C_, w + C_,
+             2 * C_, 0.0f, s.d_h.ptr<float>(), C_);
+  // The weight's gradient sums over every token row: split rows are gathered first (the
+  // output gradient into the block's partial-sum buffer, each input in turn into its
+  // gathered-rows buffer), so every rank computes the same whole sum.
+  const float* dy = dx.ptr<float>();
+  const float* e = a.enorm.out.ptr<float>();
+  const float* hn = a.hnorm.out.ptr<float>();
+  if (split) {
+    c.tensor->all_gather(dx, a.block.partial);
+    c.tensor->all_gather(a.enorm.out, a.block.gathered);
+    dy = a.block.partial.ptr<float>();
+    e = a.block.gathered.ptr<float>();
+  }
+  blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_, e, C_, 1.0f, dw,
+             2 * C_);
+  if (split) {
+    c.tensor->all_gather(a.hnorm.out, a.block.gathered);
+    hn = a.block.gathered.ptr<float>();
+  }
+  blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_, hn, C_, 1.0f,
+             dw + C_, 2 * C_);
   // The norms accumulate their input gradients: into zeroed buffers. d_x is free now.
-  kernels::zero(c.ctx, d_x);
-  enorm_.backward(c, d_e, a.emb, a.enorm, d_x);
-  embedding.backward(c, a.tokens, d_x);  // the shared table's rows of the tokens t+1
+  kernels::zero(c.ctx, dx);
   kernels::zero(c.ctx, s.d_main);
-  hnorm_.backward(c, s.d_h, h, a.hnorm, s.d_main);
+  if (split) {
+    enorm_.backward_rows(c, d_e, a.emb, a.enorm, dx, bs.d_norm);
+    // The embedding's backward reads every row's gradient.
+    c.tensor->all_gather(dx, a.block.gathered);
+    embedding.backward(c, a.tokens, a.block.gathered);
+    hnorm_.backward_rows(c, s.d_h, h, a.hnorm, s.d_main, bs.d_norm);
+  } else {
+    enorm_.backward(c, d_e, a.emb, a.enorm, d_x);
+    embedding.backward(c, a.tokens, d_x);  // the shared table's rows of the tokens t+1
+    hnorm_.backward(c, s.d_h, h, a.hnorm, s.d_main);
+  }
   ready(c.offset(enorm_.weight()));  // the module's first tensor: all of it is final
 }
 

@@ -31,26 +31,28 @@
 #include "model/layers/embedding.hpp"
 #include "model/layers/head.hpp"
 #include "model/layers/layer.hpp"
+#include "model/layers/moe_dispatch.hpp"
 #include "model/layers/rmsnorm.hpp"
 #include "tensor/arena.hpp"
 
 namespace dst::model {
 
-/// What the module keeps from forward for backward. N = B*T.
+/// What the module keeps from forward for backward. N = B*T; R = N, or N / T under
+/// sequence parallelism (this rank's rows).
 struct MtpActs {
   tensor::Tensor tokens;   // (N) i32 its input tokens t+1 (the main targets, padding 0)
   tensor::Tensor targets;  // (N) i32 tokens t+2 (the main targets shifted; last ignored)
-  tensor::Tensor emb;      // (N, C) Emb(tokens)
-  RmsNormActs enorm;       // (N, C), (N)
-  RmsNormActs hnorm;       // (N, C), (N) of the main head's normalised output
-  BlockActs block;         // block.x (N, C): eh_proj's output
+  tensor::Tensor emb;      // (R, C) Emb(tokens)
+  RmsNormActs enorm;       // (R, C), (R)
+  RmsNormActs hnorm;       // (R, C), (R) of the main head's normalised output
+  BlockActs block;         // block.x (R, C): eh_proj's output
   HeadActs head;           // x: the block's output; shared_head.norm; logits (N, V); losses
 };
 
 /// Backward scratch of the module (besides the blocks' BlockScratch).
 struct MtpScratch {
-  tensor::Tensor d_h;     // (N, C) d(loss)/d(hnorm output)
-  tensor::Tensor d_main;  // (N, C) d(MTP loss)/d(the main head's normalised output)
+  tensor::Tensor d_h;     // (R, C) d(loss)/d(hnorm output)
+  tensor::Tensor d_main;  // (R, C) d(MTP loss)/d(the main head's normalised output)
 };
 
 class MultiTokenPrediction {
@@ -59,7 +61,16 @@ class MultiTokenPrediction {
   /// `tensor_parallel` T: its block split as the model's (a DeepSeekMoE layer whole on
   /// each rank), its head's projection the model head's vocabulary slice; enorm, hnorm and
   /// eh_proj replicated (every rank computes the block's whole input).
-  explicit MultiTokenPrediction(const config::ModelSection& m, int tensor_parallel = 1);
+  /// `sequence_parallel` (with T > 1): as the model's blocks, the module keeps this rank's
+  /// N / T token rows of its embedding, norms, eh_proj output and block (a
+  /// sequence-parallel Block), and its head gathers its norm's rows (Head::forward_rows).
+  /// eh_proj's weight gradient is computed whole on every rank from the gathered rows of
+  /// its output gradient and inputs (the same sum as without the split); enorm's and
+  /// hnorm's are summed over the group (RmsNorm::backward_rows).
+  /// `ep`: expert parallelism's storage, as the model's blocks (a DeepSeekMoE block holds
+  /// its slice of the routed experts only).
+  explicit MultiTokenPrediction(const config::ModelSection& m, int tensor_parallel = 1,
+                                const ExpertSlice& ep = {}, bool sequence_parallel = false);
 
   /// model.layers.<L>.enorm.weight, .hnorm.weight, .eh_proj.weight (C, 2C), the block's
   /// parameters (Block::declare), .shared_head.norm.weight, in this order: declared after
@@ -72,6 +83,7 @@ class MultiTokenPrediction {
   /// blocks' shared record under `recompute`).
   MtpActs take(tensor::Arena& arena, std::int64_t B, std::int64_t T, bool fused,
                config::Recompute recompute, const BlockActs& shared) const;
+  /// The scratch for N token rows (R of them this rank's).
   MtpScratch take_scratch(tensor::Arena& arena, std::int64_t N) const;
 
   /// The module's input tokens and targets (B, T) from the main model's targets (B, T),
@@ -79,8 +91,9 @@ class MultiTokenPrediction {
   static void make_targets(const std::int32_t* targets, std::int64_t B, std::int64_t T,
                            std::int32_t* mtp_tokens, std::int32_t* mtp_targets);
 
-  /// a.head.logits (N, V) from a.tokens (filled by the caller) and h (N, C), the main
-  /// head's normalised output; keeps a.
+  /// a.head.logits (N, V) from a.tokens (filled by the caller) and h (R, C), the main
+  /// head's normalised output (under sequence parallelism this rank's rows of it,
+  /// HeadActs::rows); keeps a.
   void forward(const Compute& c, const Embedding& embedding, const Rope& rope, std::int64_t B,
                std::int64_t T, const tensor::Tensor& h, const MtpActs& a) const;
   /// The per-token losses (a.head.losses, 0 where ignored); with a gradient:
@@ -90,8 +103,9 @@ class MultiTokenPrediction {
 
   /// Backward from the gradient in a.head.logits: accumulates the module's, the shared
   /// head's and the embedding's gradients and writes s.d_main = d(loss)/d(h), for the main
-  /// head's backward (Head::backward's d_out). `d_x`, `bs`: the model's (N, C) residual
-  /// gradient buffer and the blocks' scratch, used as scratch. Calls ready() as its
+  /// head's backward (Head::backward's or backward_rows' d_out; R rows). `d_x`, `bs`: the
+  /// model's (N, C) residual gradient buffer and the blocks' scratch, used as scratch.
+  /// Calls ready() as its
   /// parameters' gradients become final (the block's twice, then the module's first).
   void backward(const Compute& c, const Embedding& embedding, const Rope& rope, std::int64_t B,
                 std::int64_t T, const tensor::Tensor& h, const MtpActs& a, const BlockScratch& bs,
@@ -104,6 +118,8 @@ class MultiTokenPrediction {
   Block block_;
   Head head_;  // shared_head.norm with the model's projection
   std::int64_t C_;
+  int row_split_ = 1;  // sequence parallelism: the tensor group's size
+  std::int64_t rows(std::int64_t N) const { return N / row_split_; }
 };
 
 }  // namespace dst::model

@@ -21,6 +21,9 @@ batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
    and the final parameters within 1e-5 of the E = 1 run (each rank holds its own
    experts; the checkpoint stores every expert as its own logical tensor, gathered from
    its shards and its owner, whatever E and ZeRO stage).
+4. With the MTP module (its block a DeepSeekMoE one, its experts split as the model's):
+   E = 4 against E = 1, alike (its losses too), and E = 4's checkpoint of step 5 resumed
+   at E = 1.
 
 Why 1e-5 and not bit equality: the experts' gradients are summed over the ranks in
 another order, and their products run over other row sets (rank_invariance.py's
@@ -180,13 +183,34 @@ def main():
     resume = ("--set", f"checkpoint.resume={source}")
     compare("resumed E=1 step 5 at np=4 E=4", run("resume-np4-e4", 4, 4, *resume), ref, EVERY + 1)
 
+    # The MTP module (model.mtp_depth 1): its DeepSeekMoE block's experts split as the
+    # model's (each rank stores its own of every MoE layer, the module's too: the unit test
+    # ExpertSlots checks the layout), its loss within the bound, its checkpoint resumed at
+    # E = 1.
+    mtp = ("--set", "model.mtp_depth=1")
+    mtp_ref = run("np4-e1-mtp", 4, 1, *mtp)
+    mtp_e4 = run("np4-e4-mtp", 4, 4, *mtp)
+    compare("np=4 E=4 with the MTP module", mtp_e4, mtp_ref)
+    worst = max(abs(mtp_e4["steps"][k]["mtp_loss"] - v["mtp_loss"]) / abs(v["mtp_loss"])
+                for k, v in mtp_ref["steps"].items())
+    print(f"np=4 E=4 with the MTP module: its losses within {worst:.1e}")
+    if worst > TOL:
+        problems.append(f"np=4 E=4 with the MTP module: its losses within {worst:.2e} > {TOL}")
+    if len(mtp_e4["steps"][STEPS]["moe"]) != len(e4["steps"][STEPS]["moe"]) + 1:
+        problems.append("np=4 E=4 with the MTP module: metrics.jsonl lacks its MoE block")
+    source = os.path.join(mtp_e4["out"], "checkpoints", f"step-{EVERY}.h5")
+    compare("resumed E=4 with the MTP module step 5 at np=1 E=1",
+            run("resume-np1-e1-mtp", 1, 1, *mtp, "--set", f"checkpoint.resume={source}"), mtp_ref,
+            EVERY + 1)
+
     if problems:
         for p in problems:
             print("FAILED: " + p)
         return 1
     print("expert parallel: E=2 == E=4 == E=1 within 1e-5, own experts per rank, ZeRO 1/2 "
           "sharding them (== ZeRO 0 bit for bit), recompute, resume from E=4 at E=2 zero 1, "
-          "from E=4 zero 2 at E=1 and from E=1 at E=4")
+          "from E=4 zero 2 at E=1 and from E=1 at E=4; with the MTP module E=4 == E=1 and "
+          "resumed at E=1")
     return 0
 
 

@@ -21,9 +21,12 @@ latent projections, norms and MoE layers compared across the tensor slices):
   and x PP=2 (8 ranks)
   tiny-moe TP=2 traffic                       the MoE blocks' MLPs send nothing over the
                                               tensor group (metrics' tensor_allreduce_bytes)
-  tiny with the MTP module TP=2,              vs 1 rank: the bounds, the MTP losses too;
-  tiny-moe with it TP=2 and TP=2 x PP=2       the traffic of tiny's counted
-  (the last stage's copy of the table sliced)
+  tiny with the MTP module TP=2 and TP=2 +    vs 1 rank: the bounds, the MTP losses too;
+  SP, tiny-moe with it TP=2, TP=2 x PP=2 and  the traffic of tiny's counted; TP=2 + SP's
+  TP=2 x PP=2 + SP (the last stage's copy of  step 1 losses TP=2's bit for bit
+  the table sliced)
+  tiny with the MTP module TP=2 + SP,         vs TP=2 + SP: bit-identical
+  training.recompute full
 
 What would fail: a head's slice of q_proj / kv_b_proj / o_proj taken from the wrong rows
 or columns, the latents' gradients not summed over the group (each rank's replicated
@@ -147,6 +150,37 @@ def main():
     else:
         print(f"tiny with MTP TP=2: {want} bytes (all-reduce equivalents) over the tensor group "
               f"per step")
+    # With sequence parallelism the module keeps this rank's rows as the blocks do: its
+    # embedding's rows reduce-scattered, its block split by rows, its head's norm gathered;
+    # eh_proj's weight gradient from the gathered rows (the same whole sum on every rank:
+    # the consistency check compares it every step). The first step's losses are TP=2's
+    # bit for bit.
+    sp = ["parallel.tensor=2", "parallel.sequence_parallel=true"]
+    _, *ds2 = run("mtp-tp2-sp", 2, sp, lay.format(1, 2, 1), dense_mtp)
+    first = [(r[2][0]["loss"], r[2][0]["mtp_loss"]) for r in (ds2, d2)]
+    if first[0] != first[1]:
+        problems.append(f"tiny with MTP TP=2 + SP: step 1's losses {first[0]} are not TP=2's "
+                        f"{first[1]}")
+    else:
+        print(f"tiny with MTP TP=2 + SP: step 1's losses are TP=2's bit for bit {first[0]}")
+    check.within("tiny with MTP TP=2 + SP vs 1 rank", ds2, d1)
+    mtp_within("tiny with MTP TP=2 + SP vs 1 rank", ds2, d1)
+    # Traffic (a reduce-scatter or an all-gather is half an all-reduce): 5 per block (the
+    # MTP module's too), 2 at the main ends, 3.5 at the module's (embedding 1, head 1,
+    # eh_proj's gathers 1.5); an all-reduce of 256 fp32 per norm: 2 per block, the final
+    # one, and the module's enorm, hnorm, block's two and head's.
+    want = (GLOBAL // MICRO) * ((5 * 5 + 2 + 3.5) * whole + (2 * 4 + 1 + 5) * 256 * 4 +
+                                2 * MICRO * SEQ * 20)
+    got = ds2[2][-1].get("tensor_allreduce_bytes")
+    if got != want:
+        problems.append(f"tiny with MTP TP=2 + SP: metrics.jsonl says tensor_allreduce_bytes "
+                        f"{got}, expected {want}")
+    else:
+        print(f"tiny with MTP TP=2 + SP: {want:.0f} bytes (all-reduce equivalents) over the "
+              f"tensor group per step")
+    _, *ds2f = run("mtp-tp2-sp-full", 2, sp + ["training.recompute=full"], lay.format(1, 2, 1),
+                   dense_mtp)
+    check.same_bits("tiny with MTP TP=2 + SP recompute full vs TP=2 + SP", ds2f, ds2)
     v3ish = moe + ["model.mtp_depth=1"]
     _, *v1 = run("moe-mtp-tp1", 1, [], lay.format(1, 1, 1), v3ish)
     _, *v2 = run("moe-mtp-tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1), v3ish)
@@ -156,6 +190,10 @@ def main():
                    lay.format(1, 2, 2), v3ish)
     check.within("tiny-moe with MTP TP=2 x PP=2 vs 1 rank", v2p2, v1)
     mtp_within("tiny-moe with MTP TP=2 x PP=2 vs 1 rank", v2p2, v1)
+    _, *vs2p2 = run("moe-mtp-tp2pp2-sp", 4, sp + ["parallel.pipeline=2"], lay.format(1, 2, 2),
+                    v3ish)
+    check.within("tiny-moe with MTP TP=2 x PP=2 + SP vs 1 rank", vs2p2, v1)
+    mtp_within("tiny-moe with MTP TP=2 x PP=2 + SP vs 1 rank", vs2p2, v1)
 
     print("losses 1 rank: " + " ".join(f"{s[1]:.6f}" for s in tp1[0]))
     if problems:

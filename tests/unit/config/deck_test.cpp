@@ -1251,17 +1251,18 @@ TEST(DeckTensor, WhatItMustDivideAndWhatItRefuses) {
                        "does not divide model.vocab_size (258)"));
   // DeepSeekMoE layers are computed whole on each rank of a tensor group (block.hpp), also
   // with sequence parallelism (on every row, gathered); the MTP module split as the model,
-  // not with sequence parallelism.
+  // also with sequence parallelism (its rows split as the blocks').
   EXPECT_EQ(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2}\n"), "<no error>");
   EXPECT_EQ(load_error("model: {preset: tiny-moe}\nparallel: {tensor: 2, sequence_parallel: "
                        "true}\n"),
             "<no error>");
   EXPECT_EQ(load_error("model: {preset: tiny-moe, mtp_depth: 1}\nparallel: {tensor: 2}\n"),
             "<no error>");
-  EXPECT_TRUE(Contains(load_error("model: {mtp_depth: 1}\nparallel: {tensor: 2, "
-                                  "sequence_parallel: true}\n"),
-                       "parallel.sequence_parallel is not supported yet with the multi-token "
-                       "prediction module (model.mtp_depth 1)"));
+  EXPECT_EQ(load_error("model: {mtp_depth: 1}\nparallel: {tensor: 2, sequence_parallel: true}\n"),
+            "<no error>");
+  EXPECT_EQ(load_error("model: {preset: tiny-moe, mtp_depth: 1}\nparallel: {tensor: 2, "
+                       "sequence_parallel: true}\n"),
+            "<no error>");
   // Latent attention splits by heads (its latents replicated), also with sequence parallelism.
   EXPECT_EQ(load_error("model: {preset: tiny-moe, n_routed_experts: 0}\nparallel: {tensor: 4, "
                        "sequence_parallel: true}\n"),

@@ -208,17 +208,23 @@ struct Buffers {
 // each MoE layer, exactly the routed experts [p L, (p+1) L) (L = n_routed_experts / X)
 // under their global names, marked ep_size X and laid out after every other tensor; the
 // other tensors are the whole model's, in its order; the slots together hold every expert
-// once, and each initialises to the whole model's bits (drawn by name and element).
-TEST(Transformer, ExpertSlotsHoldTheirOwnExpertsLast) {
+// once, and each initialises to the whole model's bits (drawn by name and element). The MTP
+// module's DeepSeekMoE block (model.layers.<n_layers>) likewise.
+class ExpertSlots : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(ExpertSlots, HoldTheirOwnExpertsLast) {
   using dst::model::ParamStore;
-  const auto m = dst::config::preset_model("tiny-moe");
+  auto m = dst::config::preset_model("tiny-moe");
+  m.mtp_depth = GetParam();
+  const std::int64_t blocks = m.n_layers + m.mtp_depth;
+  ASSERT_TRUE(m.mtp_depth == 0 || m.moe_layer(m.n_layers));
   ParamStore whole(dst::model::dense_parameter_layout(m), Arena::Mode::allocate);
   whole.initialize(11);
   const std::string tag = ".mlp.experts.";
   std::vector<std::string> replicated, experts;
   for (const auto& s : whole.specs())
     (s.name.find(tag) == std::string::npos ? replicated : experts).push_back(s.name);
-  const std::int64_t moe_layers = m.n_layers - m.first_k_dense_replace;
+  const std::int64_t moe_layers = blocks - m.first_k_dense_replace;
   ASSERT_EQ(static_cast<std::int64_t>(experts.size()), moe_layers * m.n_routed_experts * 3);
   for (const int X : {2, 4}) {
     const std::int64_t L = m.n_routed_experts / X;
@@ -229,7 +235,7 @@ TEST(Transformer, ExpertSlotsHoldTheirOwnExpertsLast) {
       part.initialize(11);
       std::vector<std::string> own_replicated;
       std::size_t first_expert = part.size();
-      std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.n_layers), 0);
+      std::vector<std::int64_t> per_layer(static_cast<std::size_t>(blocks), 0);
       for (std::size_t i = 0; i < part.size(); ++i) {
         const auto& s = part.spec(i);
         const auto at = s.name.find(tag);
@@ -255,7 +261,7 @@ TEST(Transformer, ExpertSlotsHoldTheirOwnExpertsLast) {
             << s.name << " slot " << p << " of " << X;
       }
       EXPECT_EQ(own_replicated, replicated) << "slot " << p << " of " << X;
-      for (std::int64_t l = 0; l < m.n_layers; ++l)
+      for (std::int64_t l = 0; l < blocks; ++l)
         EXPECT_EQ(per_layer[static_cast<std::size_t>(l)], m.moe_layer(l) ? 3 * L : 0)
             << "layer " << l << " slot " << p << " of " << X;
       EXPECT_LT(part.parameter_count(), whole.parameter_count());
@@ -268,6 +274,10 @@ TEST(Transformer, ExpertSlotsHoldTheirOwnExpertsLast) {
   // A slot the experts do not divide into is refused.
   EXPECT_THROW(dst::model::Transformer(m, {}, {0, 3}), dst::Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transformer, ExpertSlots, ::testing::Values(0, 1), [](const auto& info) {
+  return info.param == 0 ? std::string("Model") : std::string("ModelAndMtpModule");
+});
 
 TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
   const auto m = three_blocks();
@@ -715,6 +725,30 @@ TEST(PipelineStages, StageBlocksFromTheDeck) {
   EXPECT_EQ(dst::model::rank_chunks(c, 1, 4)[1].slots, 1);
   EXPECT_THROW(dst::model::rank_chunks(c, 2, 4), dst::Error);
   EXPECT_THROW(dst::model::rank_chunks(c, 0, 3), dst::Error);  // 3 micro-batches: not groups of 2
+}
+
+// Which pipeline stages store their own experts: those with a DeepSeekMoE block, the MTP
+// module's counted on the head's stage (tiny-moe with every block dense but the module's).
+TEST(PipelineStages, StagesWithAnMoeBlockStoreTheirOwnExperts) {
+  dst::config::RunConfig c;
+  c.model = dst::config::preset_model("tiny-moe");  // block 0 dense, 1-3 DeepSeekMoE
+  c.parallel.pipeline = 2;
+  c.parallel.expert = 2;
+  EXPECT_TRUE(dst::model::own_expert_storage(c, 0));
+  EXPECT_TRUE(dst::model::own_expert_storage(c, 1));
+  c.model.first_k_dense_replace = 3;  // only block 3, on stage 1
+  EXPECT_FALSE(dst::model::own_expert_storage(c, 0));
+  EXPECT_TRUE(dst::model::own_expert_storage(c, 1));
+  c.model.first_k_dense_replace = c.model.n_layers;  // the MTP module's block only
+  EXPECT_FALSE(dst::model::own_expert_storage(c, 1));
+  c.model.mtp_depth = 1;
+  ASSERT_TRUE(c.model.moe_layer(c.model.n_layers));
+  EXPECT_FALSE(dst::model::own_expert_storage(c, 0));
+  EXPECT_TRUE(dst::model::own_expert_storage(c, 1));
+  c.parallel.pipeline = 1;
+  EXPECT_TRUE(dst::model::own_expert_storage(c));
+  c.model.n_routed_experts = 0;
+  EXPECT_FALSE(dst::model::own_expert_storage(c));
 }
 
 }  // namespace
