@@ -14,13 +14,14 @@
 namespace dst::app {
 
 int run_check(runtime::Runtime& rt, const Command& cmd) {
-  // --ranks with pipeline stages or tensor slices: the launched ranks (often one) start as
-  // data ranks of one stage and slice; the deck as given is planned for the --ranks layout
-  // below.
+  // --ranks with pipeline stages, tensor slices or expert groups: the launched ranks (often
+  // one) start as data ranks of one stage and slice, each holding every expert; the deck as
+  // given is planned for the --ranks layout below.
   std::vector<config::Override> launch = cmd.check.overrides;
   if (cmd.check.plan_ranks > 0)
-    for (const char* o : {"parallel.pipeline=1", "parallel.pipeline_layers=[]", "parallel.tensor=1",
-                          "parallel.sequence_parallel=false", "parallel.data=auto"})
+    for (const char* o :
+         {"parallel.pipeline=1", "parallel.pipeline_layers=[]", "parallel.tensor=1",
+          "parallel.sequence_parallel=false", "parallel.expert=1", "parallel.data=auto"})
       launch.push_back(config::parse_override(o));
   Session session = start_session(rt, cmd.check.deck, launch, "check");
   const config::RunConfig cfg =
