@@ -607,19 +607,6 @@ void check_combinations(const RunConfig& c, const GivenKeys& given, const std::s
                          " is not supported with parallel.backend nccl yet (ZeRO's reduce-scatter "
                          "onto shards exists for the mpi and shm back ends)");
 
-  // ZeRO with bf16/fp16 keeps the fp32 master only as each rank's shard, while the
-  // DeepSeekMoE correction bias is moved on every rank's parameters after the step
-  // (auxiliary-loss-free balancing): the shard's master would not follow it.
-  if (c.parallel.zero_stage > 0 && c.training.precision != Precision::fp32 &&
-      c.model.n_routed_experts > 0 && c.model.moe.bias_update_rate != 0.0)
-    fail_combination(given, fallback,
-                     {"parallel.zero_stage", "training.precision", "model.moe.bias_update_rate"},
-                     "parallel.zero_stage " + s(c.parallel.zero_stage) +
-                         " with training.precision " + to_string(c.training.precision) +
-                         " is not supported yet for a DeepSeekMoE model whose correction bias "
-                         "moves (model.moe.bias_update_rate != 0): the bias update does not reach "
-                         "the sharded fp32 master; use fp32, zero_stage 0, or bias_update_rate 0");
-
   const TrainingSection& t = c.training;
   if (t.global_batch_size > 0 && t.grad_accum_steps > 0)
     fail_combination(given, fallback, {"training.grad_accum_steps", "training.global_batch_size"},

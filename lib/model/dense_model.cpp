@@ -48,6 +48,33 @@ struct DenseModel::Impl {
   bool fused = false;
   // The parameter buffer is the compute copy; the master is outside (the constructor).
   bool master_outside = false;
+  // master_outside: the flat-buffer ranges [first, last) the compute copy keeps in fp32,
+  // ascending: every MoE router's gate.weight and correction bias, which the router reads
+  // from the parameter buffer as the master's fp32 values (Moe::forward; as transformers
+  // casts them to fp32). The buffer being the compute copy, rounding them would route by
+  // rounded weights, unlike the same run with the master inside.
+  std::vector<std::pair<std::size_t, std::size_t>> fp32_ranges;
+
+  /// Rounds `part` (a view of the parameter buffer from flat offset `first`) to the
+  /// storage type in place, but for fp32_ranges.
+  void round_compute(const Tensor& part, std::size_t first) {
+    const std::size_t last = first + static_cast<std::size_t>(part.numel());
+    std::size_t at = first;
+    const auto round = [&](std::size_t a, std::size_t b) {
+      if (a >= b) return;
+      Tensor t = part;
+      t.shape = tensor::Shape{static_cast<std::int64_t>(b - a)};
+      t.data = part.ptr<float>() + (a - first);
+      kernels::round_to_storage(c.ctx, t, c.storage);
+    };
+    for (const auto& [a, b] : fp32_ranges) {
+      if (b <= at) continue;
+      if (a >= last) break;
+      round(at, std::min(a, last));
+      at = std::max(at, b);
+    }
+    round(at, last);
+  }
   Arena compute{"compute parameters", Arena::Mode::plan};
 
   // The chunks of blocks held (resolved: last is a block index; one but under the
@@ -356,8 +383,16 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
     s.rope.fill(s.c.ctx, m.rope_theta, m.rope_scaling);
     if (storage != DType::f32 && master_outside) {
       // The compute copy is the parameter buffer itself (the master's shard is the
-      // optimizer's): rounded in place.
+      // optimizer's): rounded in place, the routers' tensors kept.
       s.master_outside = true;
+      s.each_moe([&](const Moe& moe, const BlockActs&) {
+        for (const std::size_t i : moe.router_params()) {
+          const ParamSpec& p = params_->spec(i);
+          s.fp32_ranges.emplace_back(p.offset,
+                                     p.offset + static_cast<std::size_t>(p.shape.numel()));
+        }
+      });
+      std::sort(s.fp32_ranges.begin(), s.fp32_ranges.end());
       refresh_compute_params();
     } else if (storage != DType::f32) {
       // The host emulation keeps the rounded copy in f32 (a 16-bit back end: half the
@@ -385,7 +420,7 @@ bool DenseModel::fused_attention() const {
 void DenseModel::refresh_compute_params() {
   Impl& s = *impl_;
   if (s.master_outside) {
-    kernels::round_to_storage(s.c.ctx, params_->params_flat(), s.c.storage);
+    s.round_compute(params_->params_flat(), 0);
     return;
   }
   if (!s.c.compute_base) return;
@@ -411,7 +446,7 @@ void DenseModel::refresh_compute_params(const float* master, std::size_t first, 
   part.shape = tensor::Shape{static_cast<std::int64_t>(last - first)};
   part.data = params_->params_data() + first;
   tensor::copy(s.c.ctx, part.ptr<float>(), master, (last - first) * sizeof(float));
-  kernels::round_to_storage(s.c.ctx, part, s.c.storage);
+  s.round_compute(part, first);
 }
 
 ModelMemory DenseModel::memory() const {
@@ -618,7 +653,9 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
                   rate);
     at += static_cast<std::size_t>(E);
   });
-  refresh_compute_params();
+  // A master outside: the biases are the compute copy's own fp32 values (fp32_ranges),
+  // nothing else changed.
+  if (!impl_->master_outside) refresh_compute_params();
 }
 
 void DenseModel::set_expert_parallel(ExpertParallel* ep) {
@@ -651,6 +688,14 @@ void DenseModel::set_expert_nodes(std::vector<std::int32_t> expert_node) {
 double DenseModel::moe_dropped() const {
   double out = 0.0;
   impl_->each_routing([&](std::size_t, const MoeRouting& r) { out += r.dropped; });
+  return out;
+}
+
+std::vector<std::size_t> DenseModel::moe_bias_offsets() const {
+  std::vector<std::size_t> out;
+  impl_->each_moe([&](const Moe& m, const BlockActs&) {
+    if (m.has_bias()) out.push_back(params_->spec(m.bias_index()).offset);
+  });
   return out;
 }
 

@@ -63,7 +63,9 @@ class DenseModel {
   /// with bf16/fp16): the fp32 master parameters are kept outside the model (each data
   /// rank's optimizer holds its shard of them), and the parameter buffer (params()) *is*
   /// the compute copy: no second parameter-sized buffer; refresh_compute_params() rounds
-  /// it in place. Nothing changes for f32. `tp`: this rank's tensor-parallel slice of the
+  /// it in place, but for the MoE routers' gate weights and correction biases, which stay
+  /// the master's fp32 values (the router computes in fp32 from the master's, Moe::forward).
+  /// Nothing changes for f32. `tp`: this rank's tensor-parallel slice of the
   /// layers (layers/tensor_parallel.hpp); set_tensor_parallel() gives the group. `ep`:
   /// this rank's expert slice (its routed experts only, layers/moe_dispatch.hpp);
   /// set_expert_parallel() gives the group, which a forward then needs.
@@ -185,8 +187,12 @@ class DenseModel {
   void reset_moe_loads();
   /// Auxiliary-loss-free balancing after an optimizer step: every MoE block's correction
   /// bias moves by Moe::update_bias from `loads` (as moe_loads(), counted over the whole
-  /// data group) at `rate`; then the compute copy is refreshed.
+  /// data group) at `rate`; then the compute copy is refreshed (with the master outside the
+  /// biases are the buffer's own fp32 values: the caller puts them into its master).
   void update_moe_bias(const std::vector<double>& loads, double rate);
+  /// The flat-buffer offset of every MoE block's correction bias (n_routed_experts fp32
+  /// each), in moe_bias()'s order; empty when the blocks have none (softmax routers).
+  std::vector<std::size_t> moe_bias_offsets() const;
   /// The correction biases (moe_blocks() x moe_experts()), block-major (metrics).
   std::vector<float> moe_bias() const;
   /// Expert parallelism (parallel.expert > 1): the MoE layers' routed products run over

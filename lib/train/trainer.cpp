@@ -1085,6 +1085,19 @@ void Trainer::arm_alltoallv_hang() {
   experts_->hang_before_next_rows();
 }
 
+void Trainer::move_moe_bias(const std::vector<double>& loads) {
+  model_->update_moe_bias(loads, cfg_.model.moe.bias_update_rate);
+  if (!master_shard_) return;
+  // The buffer keeps the biases in fp32 (the router's), moved alike on every rank: the
+  // owner of each element in its master shard takes the new value.
+  const AdamWState st = optimizer_->state();
+  const std::size_t E = static_cast<std::size_t>(cfg_.model.n_routed_experts);
+  const float* params = model_->params().params_data();
+  for (const std::size_t at : model_->moe_bias_offsets())
+    for (std::size_t o = at; o < at + E; ++o)
+      if (o >= st.first && o < st.first + st.elements) st.master[o - st.first] = params[o];
+}
+
 void Trainer::balance_moe(StepStats& st, double aux_sum) {
   // Stages: the whole model's balance loss from every stage's terms.
   if (stages_ > 1) aux_sum = pipeline_aux_sum();
@@ -1100,7 +1113,7 @@ void Trainer::balance_moe(StepStats& st, double aux_sum) {
   sums.pop_back();
   model_->reset_moe_loads();
   // The bias follows the optimizer: a skipped step moves nothing.
-  if (!st.skipped) model_->update_moe_bias(sums, cfg_.model.moe.bias_update_rate);
+  if (!st.skipped) move_moe_bias(sums);
   std::vector<float> bias = model_->moe_bias();
   const std::int64_t E = cfg_.model.n_routed_experts;
   std::int64_t blocks = model_->moe_blocks();

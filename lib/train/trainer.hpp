@@ -305,6 +305,11 @@ class Trainer {
   /// Collective over the data group and, with stages, the pipeline group: every stage
   /// calls it, also one without MoE blocks.
   void balance_moe(StepStats& st, double aux_sum);
+  /// Moves every MoE block's correction bias by the step's `loads` (balance_moe's sums).
+  /// With a master shard (ZeRO with bf16/fp16) the compute copy keeps the biases in fp32
+  /// (DenseModel's master_outside), every rank moves them alike, and each element's owner
+  /// copies the moved value into its master shard (the same bits as ZeRO stage 0).
+  void move_moe_bias(const std::vector<double>& loads);
   /// The model has DeepSeekMoE blocks (on any stage), and each stage's count of them.
   bool moe_ = false;
   std::vector<std::size_t> stage_moe_blocks_;

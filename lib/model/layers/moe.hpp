@@ -133,6 +133,11 @@ class Moe {
   bool has_bias() const { return shape_.score == config::MoeScore::sigmoid; }
   /// The correction bias's parameter index (has_bias() only).
   std::size_t bias_index() const { return bias_; }
+  /// The parameters the router reads from the master parameters in fp32 (forward's
+  /// c.params, not the compute copy): gate.weight, and the correction bias if any.
+  std::vector<std::size_t> router_params() const {
+    return has_bias() ? std::vector<std::size_t>{gate_, bias_} : std::vector<std::size_t>{gate_};
+  }
 
  private:
   /// Expert parallelism: the routed products of the rows in a.xs (sorted by expert) on

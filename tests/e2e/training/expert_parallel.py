@@ -21,7 +21,9 @@ batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
    and the final parameters within 1e-5 of the E = 1 run (each rank holds its own
    experts; the checkpoint stores every expert as its own logical tensor, gathered from
    its shards and its owner, whatever E and ZeRO stage).
-4. With the MTP module (its block a DeepSeekMoE one, its experts split as the model's):
+4. bf16 with ZeRO (the fp32 master sharded, the correction biases moving): E = 2 at stage 1
+   and E = 1 at stage 2 bit for bit as stage 0 at the same E.
+5. With the MTP module (its block a DeepSeekMoE one, its experts split as the model's):
    E = 4 against E = 1, alike (its losses too), and E = 4's checkpoint of step 5 resumed
    at E = 1.
 
@@ -183,6 +185,21 @@ def main():
     resume = ("--set", f"checkpoint.resume={source}")
     compare("resumed E=1 step 5 at np=4 E=4", run("resume-np4-e4", 4, 4, *resume), ref, EVERY + 1)
 
+    # bf16 with ZeRO: the fp32 master is sharded, each correction bias's master elements in
+    # one rank's shard; the trainer moves them there and rounds them into every rank's
+    # compute copy (Trainer::move_moe_bias), so stages 1 and 2 train as stage 0 bit for bit
+    # with the biases moving (refused until 2026-12-07).
+    bf16 = ("--set", "training.precision=bf16")
+    for expert, zero in ((2, 1), (1, 2)):
+        b0 = run(f"np4-e{expert}-bf16", 4, expert, *bf16)
+        bz = run(f"np4-e{expert}-bf16-zero{zero}", 4, expert, *bf16,
+                 "--set", f"parallel.zero_stage={zero}")
+        identical(f"np=4 E={expert} bf16 zero {zero} vs zero 0", bz, b0)
+        moved = [k for k, v in b0["params"].items()
+                 if "e_score_correction_bias" in k and np.any(v != 0)]
+        if len(moved) != 3:
+            problems.append(f"np=4 E={expert} bf16: {len(moved)} of 3 correction biases moved")
+
     # The MTP module (model.mtp_depth 1): its DeepSeekMoE block's experts split as the
     # model's (each rank stores its own of every MoE layer, the module's too: the unit test
     # ExpertSlots checks the layout), its loss within the bound, its checkpoint resumed at
@@ -209,8 +226,8 @@ def main():
         return 1
     print("expert parallel: E=2 == E=4 == E=1 within 1e-5, own experts per rank, ZeRO 1/2 "
           "sharding them (== ZeRO 0 bit for bit), recompute, resume from E=4 at E=2 zero 1, "
-          "from E=4 zero 2 at E=1 and from E=1 at E=4; with the MTP module E=4 == E=1 and "
-          "resumed at E=1")
+          "from E=4 zero 2 at E=1 and from E=1 at E=4; bf16 ZeRO with moving biases == ZeRO 0; "
+          "with the MTP module E=4 == E=1 and resumed at E=1")
     return 0
 
 
