@@ -498,7 +498,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // under sequence parallelism its embedding's reduce-scatter and the gather of its
     // gradient, its head's gather and reduce-scatter, and eh_proj's weight gradient's
     // gathers of its output gradient and both inputs (3.5).
-    const double mtp_block = m.n_routed_experts > 0 ? moe_block : dense_block;
+    const double mtp_block = m.moe_layer(m.n_layers) ? moe_block : dense_block;
     const double ends = 2.0 + static_cast<double>(m.mtp_depth) * (mtp_block + (sp ? 3.5 : 2.0));
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;

@@ -122,12 +122,13 @@ void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding
   const std::int64_t N = B * T, R = rows(N);
   const bool split = R != N;
   const tensor::Tensor dx = row_range(d_x, 0, R);  // this rank's rows
-  if (split)                                       // d_x: d(loss)/d(block output), this rank's rows
+  // dx (d_x): d(loss)/d(the block's output), then d(loss)/d(eh_proj's output).
+  if (split)
     head_.backward_rows(c, a.head, bs.d_ln, row_range(a.block.gathered, 0, R), bs.d_norm, dx,
                         ready);
   else
     head_.backward(c, a.head, bs.d_ln, d_x, ready);
-  block_.backward(c, rope, B, T, a.block, bs, dx, ready);  // d(loss)/d(eh_proj output)
+  block_.backward(c, rope, B, T, a.block, bs, dx, ready);
   // eh_proj: d_e = dy W[:, :C], d_h = dy W[:, C:]; dW[:, :C] += dy^T e, dW[:, C:] += dy^T h.
   c.store(dx);
   const float* w = c.weight(eh_proj_).ptr<float>();
