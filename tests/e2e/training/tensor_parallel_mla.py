@@ -57,6 +57,16 @@ def main():
                                    checkpoint_every=5)
         return out, [(x["step"], x["loss"], x["grad_norm"]) for x in recs], params, recs
 
+    def traffic(name, r, want, note=""):
+        """The run's tensor-group traffic (metrics.jsonl, its last step) is `want` bytes."""
+        got = r[2][-1].get("tensor_allreduce_bytes")
+        if got != want:
+            problems.append(f"{name}: metrics.jsonl says tensor_allreduce_bytes {got}, "
+                            f"expected {want}")
+        else:
+            print(f"{name}: {want:.0f} bytes (all-reduce equivalents) over the tensor group per "
+                  f"step{note}")
+
     lay = "data {} x tensor {} x pipeline {}"
     _, *tp1 = run("tp1", 1, [], lay.format(1, 1, 1))
     tp2_out, *tp2 = run("tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1))
@@ -120,13 +130,7 @@ def main():
     whole = MICRO * SEQ * 256 * 4
     want = (GLOBAL // MICRO) * ((4 * 1 + 2 * 3 + 2) * whole + 4 * MICRO * SEQ * 96 * 4 +
                                 MICRO * SEQ * 20)
-    got = m2[2][-1].get("tensor_allreduce_bytes")
-    if got != want:
-        problems.append(f"tiny-moe TP=2: metrics.jsonl says tensor_allreduce_bytes {got}, "
-                        f"expected {want}")
-    else:
-        print(f"tiny-moe TP=2: {want} bytes (all-reduce equivalents) over the tensor group per "
-              f"step: none for the MoE blocks' MLPs")
+    traffic("tiny-moe TP=2", m2, want, ": none for the MoE blocks' MLPs")
 
     # The MTP module (model.mtp_depth 1): its block split as the model's, its embedding and
     # head the vocabulary-parallel ones, enorm / hnorm / eh_proj replicated.
@@ -143,13 +147,7 @@ def main():
     # embedding (1) and its head's input gradient (1); two cross-entropies of 20 bytes a token.
     whole = MICRO * SEQ * 256 * 4
     want = (GLOBAL // MICRO) * ((4 * 4 + 2 + 6) * whole + 2 * MICRO * SEQ * 20)
-    got = d2[2][-1].get("tensor_allreduce_bytes")
-    if got != want:
-        problems.append(f"tiny with MTP TP=2: metrics.jsonl says tensor_allreduce_bytes {got}, "
-                        f"expected {want}")
-    else:
-        print(f"tiny with MTP TP=2: {want} bytes (all-reduce equivalents) over the tensor group "
-              f"per step")
+    traffic("tiny with MTP TP=2", d2, want)
     # With sequence parallelism the module keeps this rank's rows as the blocks do: its
     # embedding's rows reduce-scattered, its block split by rows, its head's norm gathered;
     # eh_proj's weight gradient from the gathered rows (the same whole sum on every rank:
@@ -171,13 +169,7 @@ def main():
     # one, and the module's enorm, hnorm, block's two and head's.
     want = (GLOBAL // MICRO) * ((5 * 5 + 2 + 3.5) * whole + (2 * 4 + 1 + 5) * 256 * 4 +
                                 2 * MICRO * SEQ * 20)
-    got = ds2[2][-1].get("tensor_allreduce_bytes")
-    if got != want:
-        problems.append(f"tiny with MTP TP=2 + SP: metrics.jsonl says tensor_allreduce_bytes "
-                        f"{got}, expected {want}")
-    else:
-        print(f"tiny with MTP TP=2 + SP: {want:.0f} bytes (all-reduce equivalents) over the "
-              f"tensor group per step")
+    traffic("tiny with MTP TP=2 + SP", ds2, want)
     _, *ds2f = run("mtp-tp2-sp-full", 2, sp + ["training.recompute=full"], lay.format(1, 2, 1),
                    dense_mtp)
     check.same_bits("tiny with MTP TP=2 + SP recompute full vs TP=2 + SP", ds2f, ds2)
