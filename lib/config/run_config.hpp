@@ -174,6 +174,9 @@ struct ModelSection {
   bool moe_layer(std::int64_t layer) const {
     return n_routed_experts > 0 && layer >= first_k_dense_replace;
   }
+  /// Whether the model has an MTP module whose block (layer n_layers, the kind of the
+  /// blocks after first_k_dense_replace) is a DeepSeekMoE one.
+  bool mtp_moe_block() const { return mtp_depth > 0 && moe_layer(n_layers); }
 };
 
 struct DataSection {

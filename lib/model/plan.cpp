@@ -217,7 +217,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // The MoE blocks a rank holds: the whole model's (its MTP module's included), or a
   // pipeline stage's.
   const std::int64_t model_moe_blocks =
-      count_parameters(m).moe_layers + (m.mtp_depth > 0 && m.moe_layer(m.n_layers - 1) ? 1 : 0);
+      count_parameters(m).moe_layers + (m.mtp_moe_block() ? 1 : 0);
   // `moe_records`: the MoE blocks' activation records (blocks x micro-batches in flight).
   const auto memory_of = [&](const ModelMemory& mm, std::int64_t moe_records) {
     MemoryPlan mem;
@@ -313,7 +313,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
         st.in_flight += chunk.slots;
         moe_records += moe_blocks_in(m, chunk) * chunk.slots;
       }
-      if (st.head && m.mtp_depth > 0 && m.moe_layer(m.n_layers)) ++moe_records;  // its record
+      if (st.head && m.mtp_moe_block()) ++moe_records;  // the MTP module's record
       if (st.embedding_copy)
         plan.embedding_sum_bytes = static_cast<double>(m.vocab_size / slice.size * m.d_model) *
                                    static_cast<double>(sizeof(float));
@@ -409,7 +409,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
         sb.last = last;
         n += moe_blocks_in(m, sb);
       }
-      if (ps.head && m.mtp_depth > 0 && m.moe_layer(m.n_layers)) ++n;  // the MTP module's
+      if (ps.head && m.mtp_moe_block()) ++n;  // the MTP module's
       moe_blocks = std::max(moe_blocks, n);
     }
   }
@@ -498,7 +498,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // under sequence parallelism its embedding's reduce-scatter and the gather of its
     // gradient, its head's gather and reduce-scatter, and eh_proj's weight gradient's
     // gathers of its output gradient and both inputs (3.5).
-    const double mtp_block = m.moe_layer(m.n_layers) ? moe_block : dense_block;
+    const double mtp_block = m.mtp_moe_block() ? moe_block : dense_block;
     const double ends = 2.0 + static_cast<double>(m.mtp_depth) * (mtp_block + (sp ? 3.5 : 2.0));
     const double micro = static_cast<double>(layout.grad_accum_steps);
     const double calls = (per_block * static_cast<double>(blocks) + ends) * micro;

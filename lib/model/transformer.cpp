@@ -179,10 +179,7 @@ bool own_expert_storage(const config::RunConfig& config, int stage) {
   std::int64_t moe = 0;
   for (const StageBlocks& chunk : rank_chunks(config, stage, 0))
     moe +=
-        moe_blocks_in(config.model, chunk) +
-        (chunk.head && config.model.mtp_depth > 0 && config.model.moe_layer(config.model.n_layers)
-             ? 1
-             : 0);  // the MTP module's block
+        moe_blocks_in(config.model, chunk) + (chunk.head && config.model.mtp_moe_block() ? 1 : 0);
   return moe > 0;
 }
 
