@@ -68,9 +68,13 @@ endfunction()
 
 # A test that runs a command and checks how it ends (tests/cmake/expect_run.cmake):
 #   dst_add_run_test(NAME COMMAND ... [EXPECT_RC rc|nonzero] [MAX_SECONDS s]
-#                    [MATCH regex ...] [NOT_MATCH regex ...] [LABELS ...])
+#                    [MATCH regex ...] [NOT_MATCH regex ...] [LABELS ...]
+#                    [SCRATCH dir ...])
+# SCRATCH names the directories the command writes: removed when the test passes, kept
+# when it fails (or always with DSTRAIN_KEEP_TEST_OUTPUT=1).
 function(dst_add_run_test name)
-  cmake_parse_arguments(A "" "EXPECT_RC;MAX_SECONDS;TIMEOUT" "COMMAND;MATCH;NOT_MATCH;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "EXPECT_RC;MAX_SECONDS;TIMEOUT"
+    "COMMAND;MATCH;NOT_MATCH;LABELS;SCRATCH" ${ARGN})
   if(NOT DEFINED A_EXPECT_RC)
     set(A_EXPECT_RC 0)
   endif()
@@ -87,6 +91,7 @@ function(dst_add_run_test name)
     # Each list stays one argument here and arrives as a list in the script.
     "-DCOMMAND=${A_COMMAND}" "-DEXPECT_RC=${A_EXPECT_RC}" "-DMAX_SECONDS=${A_MAX_SECONDS}"
     "-DMATCH=${A_MATCH}" "-DNOT_MATCH=${A_NOT_MATCH}" "-DWORKDIR=${CMAKE_CURRENT_BINARY_DIR}"
+    "-DSCRATCH=${A_SCRATCH}"
     -P ${PROJECT_SOURCE_DIR}/tests/cmake/expect_run.cmake)
   set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
     ENVIRONMENT "${DSTRAIN_TEST_ENVIRONMENT}")
@@ -95,11 +100,11 @@ endfunction()
 # A test whose reference runs in the oracle Python environment (scripts/setup-oracles,
 # found through DSTRAIN_PYTHON):
 #   dst_add_oracle_test(NAME SCRIPT script.py [ARGS ...] [MAX_SECONDS s] [LABELS ...]
-#                       [MATCH regex ...])
+#                       [MATCH regex ...] [SCRATCH dir ...])
 # Without the environment the test skips on a developer's machine and fails under
 # CI=true (tests/tools/require): CI never passes on evidence it did not gather.
 function(dst_add_oracle_test name)
-  cmake_parse_arguments(A "" "SCRIPT;MAX_SECONDS" "ARGS;MATCH;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "SCRIPT;MAX_SECONDS" "ARGS;MATCH;LABELS;SCRATCH" ${ARGN})
   set(_py ${DSTRAIN_PYTHON})
   if(NOT _py)
     set(_py dstrain-oracle-python-not-configured)
@@ -112,6 +117,6 @@ function(dst_add_oracle_test name)
   endif()
   dst_add_run_test(${name}
     COMMAND ${PROJECT_SOURCE_DIR}/tests/tools/require ${_py} -- ${_py} ${A_SCRIPT} ${A_ARGS}
-    MAX_SECONDS ${A_MAX_SECONDS} LABELS ${A_LABELS} MATCH ${A_MATCH})
+    MAX_SECONDS ${A_MAX_SECONDS} LABELS ${A_LABELS} MATCH ${A_MATCH} SCRATCH ${A_SCRATCH})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
 endfunction()

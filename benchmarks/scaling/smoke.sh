@@ -51,4 +51,7 @@ awk -F, -v want="${modes[*]}" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; 
         if (bad != "") { print "scaling smoke: bad CSV:" bad > "/dev/stderr"; exit 1 } }' "$csv"
 [[ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" == 89504e470d0a1a0a ]] || { echo "scaling smoke: $png is not a PNG" >&2; exit 1; }
 (( $(wc -c < "$png") > 10000 )) || { echo "scaling smoke: $png is suspiciously small" >&2; exit 1; }
-echo "scaling smoke ($how): ok ($(wc -c < "$png") byte plot)"
+bytes=$(wc -c < "$png")
+# Passed: drop the runs and their checkpoints (about 200 MB); DSTRAIN_KEEP_TEST_OUTPUT=1 keeps them.
+[[ "${DSTRAIN_KEEP_TEST_OUTPUT:-}" == 1 ]] || rm -rf "$work"
+echo "scaling smoke ($how): ok ($bytes byte plot)"

@@ -1,6 +1,9 @@
 # Runs COMMAND (a ;-list), then checks: exit code (EXPECT_RC: a number or "nonzero"),
 # wall time (< MAX_SECONDS, enforced with a hard timeout), and that the combined output
 # matches every MATCH regex and no NOT_MATCH regex. Prints the output on failure.
+# SCRATCH: directories the command writes (runs, checkpoints); removed when the test
+# passes, kept for inspection when it fails or DSTRAIN_KEEP_TEST_OUTPUT=1. Several tests'
+# runs hold gigabytes (the whole suite wrote about 20 GB before they were removed).
 string(TIMESTAMP _t0 "%s")
 execute_process(COMMAND ${COMMAND}
   WORKING_DIRECTORY ${WORKDIR}
@@ -31,5 +34,15 @@ foreach(re IN LISTS NOT_MATCH)
 endforeach()
 message("command: ${COMMAND}\nexit code: ${rc}, ${elapsed} s\n--- output ---\n${all}--- end ---")
 if(problems)
+  foreach(dir IN LISTS SCRATCH)
+    if(EXISTS "${dir}")
+      message("kept for inspection: ${dir}")
+    endif()
+  endforeach()
   message(FATAL_ERROR "${problems}")
+endif()
+if(NOT "$ENV{DSTRAIN_KEEP_TEST_OUTPUT}" STREQUAL "1")
+  foreach(dir IN LISTS SCRATCH)
+    file(REMOVE_RECURSE "${dir}")
+  endforeach()
 endif()

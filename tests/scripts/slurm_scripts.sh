@@ -6,7 +6,7 @@
 #   slurm_scripts.sh MODE DSTRAIN SOURCE_DIR WORK_DIR
 # MODE: single-node | multi-node | scaling | preempt-logic | preempt
 set -euo pipefail
-mode=$1 dstrain=$2 src=$3 work=$4
+mode=$1 dstrain=$2 src=$3 work=$(readlink -m "$4")
 fake=$src/tests/scripts/fake-slurm
 work=$work/$mode
 rm -rf "$work"
@@ -132,3 +132,6 @@ STUB
 
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
+# Passed (every failure above exits): drop the runs and checkpoints (up to 200 MB a mode);
+# DSTRAIN_KEEP_TEST_OUTPUT=1 keeps them.
+[[ "${DSTRAIN_KEEP_TEST_OUTPUT:-}" == 1 ]] || rm -rf "$work"
