@@ -94,7 +94,7 @@ function(dst_add_run_test name)
     "-DSCRATCH=${A_SCRATCH}"
     -P ${PROJECT_SOURCE_DIR}/tests/cmake/expect_run.cmake)
   set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-    ENVIRONMENT "${DSTRAIN_TEST_ENVIRONMENT}")
+    ENVIRONMENT "${DSTRAIN_TEST_ENVIRONMENT}" SKIP_REGULAR_EXPRESSION "dstrain-test-skipped")
 endfunction()
 
 # A test whose reference runs in the oracle Python environment (scripts/setup-oracles,
