@@ -11,6 +11,7 @@
 #include "core/exit_codes.hpp"
 #include "core/log.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/signals.hpp"
 
 namespace {
 
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
     return dynamic_cast<const DeckError*>(&e) ? kExitDeck : kExitUsage;
   }
   log::set_level(cmd.common.log_level);
+  runtime::ignore_file_size_signal();
 
   switch (cmd.kind) {
     case app::Command::Kind::help:

@@ -1,10 +1,12 @@
 /// \file directory.cpp
 /// Directory: the collective write of a checkpoint and its atomic commit
 /// (docs/checkpoint.md, "commit protocol").
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -54,6 +56,26 @@ void validate(const Metadata& meta, const std::vector<TensorRef>& tensors, const
     if (need_data && numel(t.shape) > 0 && t.data == nullptr)
       bad("tensor " + t.name + " has no data");
   }
+}
+
+/// Refuses a save whose file would outgrow this process's file-size limit (`ulimit -f`,
+/// RLIMIT_FSIZE): the write would fail part-way, and HDF5 1.10 cannot then close the
+/// partial file (it extends it to its allocated size), which crashes MPI_Finalize later.
+/// The estimate: the tensors' bytes, the deck and tokenizer texts, and 4 KiB of object
+/// headers per tensor plus 1 MiB for the rest of the file's metadata.
+void check_file_size_limit(const Metadata& meta, const std::vector<TensorRef>& tensors,
+                           const std::string& file) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  std::uint64_t bytes = meta.deck_yaml.size() + meta.tokenizer_json.size() + (1u << 20);
+  for (const auto& t : tensors)
+    bytes += numel(t.shape) * sizeof(float) + 4096;
+  if (bytes <= limit.rlim_cur) return;
+  throw CheckpointError(Kind::io, "checkpoint save " + file + ": the file would hold about " +
+                                      std::to_string(bytes >> 20) +
+                                      " MiB, over this process's file-size " + "limit of " +
+                                      std::to_string(limit.rlim_cur >> 20) +
+                                      " MiB (ulimit -f; RLIMIT_FSIZE)");
 }
 
 /// The checksum of one tensor of `elements` floats at `data` (identical on every rank):
@@ -164,27 +186,45 @@ struct WriteResult {
 /// where it has nothing to write.
 /// The data of tensor `i` comes from `source(i)` (called in order, collectively), its
 /// checksum from `sum(i, data)` (after the data, before the dataset is created).
-WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string& tmp,
-                       const Metadata& meta, const std::vector<TensorRef>& tensors,
+///
+/// A write can fail on some ranks only: in a collective write the aggregators write, and
+/// only the one that met a full disk or a quota sees the error. The others would go on
+/// into the next tensor's collectives while it closes the file, and both would wait there
+/// until the deadline. So the work comes in steps (the file's creation, each tensor's
+/// dataset, each piece written, each close), each ending in an agreement; after a failure
+/// every rank throws the same agreed error at the same point, and unwinding closes the
+/// same handles in the same order everywhere. What this throws, every rank throws.
+WriteResult write_file(Bounded& comm, MPI_Comm comm_mpi, const IoOptions& io,
+                       const std::string& tmp, const Metadata& meta,
+                       const std::vector<TensorRef>& tensors,
                        const std::function<const float*(std::size_t)>& source,
-                       const std::function<std::uint64_t(std::size_t, const float*)>& sum, int rank,
-                       int size, SaveFaults faults) {
+                       const std::function<std::uint64_t(std::size_t, const float*)>& sum,
+                       SaveFaults faults) {
+  const auto step = [&](auto&& f) {
+    if (auto e = comm.agreed(capture(f))) throw *e;
+  };
+  const int rank = comm.rank();
+  const int size = comm.size();
   h5::Lock lock;
   WriteResult result;
-  h5::Handle fapl = detail::make_mpio_fapl(comm_mpi, io, tmp);
-  h5::Handle file(DST_CKPT_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), tmp));
-  h5::Handle dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), tmp));
-  DST_CKPT_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
-  write_metadata(file.get(), meta, rank, dxpl.get(), tmp);
+  h5::Handle fapl, file, dxpl, lcpl, dcpl;
+  step([&] {
+    fapl = detail::make_mpio_fapl(comm_mpi, io, tmp);
+    file = h5::Handle(
+        DST_CKPT_H5(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), tmp));
+    dxpl = h5::Handle(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), tmp));
+    DST_CKPT_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), tmp);
+    write_metadata(file.get(), meta, rank, dxpl.get(), tmp);
 
-  h5::Handle lcpl(DST_CKPT_H5(H5Pcreate(H5P_LINK_CREATE), tmp));
-  DST_CKPT_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
-  h5::Handle dcpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_CREATE), tmp));
-  DST_CKPT_H5(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), tmp);
-  // Space is allocated at creation and never filled: every byte is written by us, and a
-  // fill would write the whole file twice.
-  DST_CKPT_H5(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), tmp);
-  DST_CKPT_H5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), tmp);
+    lcpl = h5::Handle(DST_CKPT_H5(H5Pcreate(H5P_LINK_CREATE), tmp));
+    DST_CKPT_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp);
+    dcpl = h5::Handle(DST_CKPT_H5(H5Pcreate(H5P_DATASET_CREATE), tmp));
+    DST_CKPT_H5(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), tmp);
+    // Space is allocated at creation and never filled: every byte is written by us, and a
+    // fill would write the whole file twice.
+    DST_CKPT_H5(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), tmp);
+    DST_CKPT_H5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), tmp);
+  });
 
   std::uint64_t total = 0;
   for (const auto& t : tensors)
@@ -195,20 +235,24 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
     const TensorRef& t = tensors[i];
     const std::string where = tmp + " tensor " + t.name;
     const std::uint64_t n = numel(t.shape);
-    const float* data = source(i);
-    if (n > 0 && data == nullptr)
-      throw CheckpointError(Kind::io,
-                            "checkpoint save " + tmp + ": tensor " + t.name + " has no data");
-    const std::uint64_t checksum_i = sum(i, data);
+    const float* data = nullptr;
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    h5::Handle fspace(DST_CKPT_H5(
-        t.shape.empty() ? H5Screate(H5S_SCALAR)
-                        : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-        where));
-    h5::Handle dset(DST_CKPT_H5(H5Dcreate2(file.get(), t.name.c_str(), H5T_IEEE_F32LE, fspace.get(),
-                                           lcpl.get(), dcpl.get(), H5P_DEFAULT),
-                                where));
-    detail::write_attr_u64(dset.get(), detail::kChecksumAttr, checksum_i, where);
+    h5::Handle fspace, dset;
+    step([&] {
+      data = source(i);
+      if (n > 0 && data == nullptr)
+        throw CheckpointError(Kind::io,
+                              "checkpoint save " + tmp + ": tensor " + t.name + " has no data");
+      const std::uint64_t checksum_i = sum(i, data);
+      fspace = h5::Handle(DST_CKPT_H5(
+          t.shape.empty() ? H5Screate(H5S_SCALAR)
+                          : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+          where));
+      dset = h5::Handle(DST_CKPT_H5(H5Dcreate2(file.get(), t.name.c_str(), H5T_IEEE_F32LE,
+                                               fspace.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+                                    where));
+      detail::write_attr_u64(dset.get(), detail::kChecksumAttr, checksum_i, where);
+    });
     if (n > 0) {
       const auto rs = detail::row_shape(t.shape);
       std::size_t calls = 0;
@@ -219,33 +263,35 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
       const auto mine = detail::pieces(detail::write_rows(offset, rs, total, rank, size), rs,
                                        detail::kMaxPieceElements);
       for (std::size_t k = 0; k < calls; ++k) {
-        const bool active = k < mine.size();
-        const hsize_t count = active ? mine[k].rows() * rs.row_elements : 1;
-        h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
-        if (!active) {
-          DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
-          DST_CKPT_H5(H5Sselect_none(fspace.get()), where);
-        } else if (t.shape.empty()) {
-          DST_CKPT_H5(H5Sselect_all(fspace.get()), where);
-        } else {
-          std::vector<hsize_t> start(dims.size(), 0), block = dims;
-          start[0] = mine[k].begin;
-          block[0] = mine[k].rows();
-          DST_CKPT_H5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                          block.data(), nullptr),
-                      where);
-        }
-        const float* buf = active ? data + mine[k].begin * rs.row_elements : data;
-        DST_CKPT_H5(
-            H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), buf),
-            where);
-        H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
-        DST_CKPT_H5(H5Pget_mpio_actual_io_mode(dxpl.get(), &mode), where);
-        if (mode == H5D_MPIO_NO_COLLECTIVE) result.collective = false;
-        if (active) result.bytes_this_rank += count * sizeof(float);
+        step([&] {
+          const bool active = k < mine.size();
+          const hsize_t count = active ? mine[k].rows() * rs.row_elements : 1;
+          h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
+          if (!active) {
+            DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
+            DST_CKPT_H5(H5Sselect_none(fspace.get()), where);
+          } else if (t.shape.empty()) {
+            DST_CKPT_H5(H5Sselect_all(fspace.get()), where);
+          } else {
+            std::vector<hsize_t> start(dims.size(), 0), block = dims;
+            start[0] = mine[k].begin;
+            block[0] = mine[k].rows();
+            DST_CKPT_H5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                            block.data(), nullptr),
+                        where);
+          }
+          const float* buf = active ? data + mine[k].begin * rs.row_elements : data;
+          DST_CKPT_H5(
+              H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), buf),
+              where);
+          H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
+          DST_CKPT_H5(H5Pget_mpio_actual_io_mode(dxpl.get(), &mode), where);
+          if (mode == H5D_MPIO_NO_COLLECTIVE) result.collective = false;
+          if (active) result.bytes_this_rank += count * sizeof(float);
+        });
       }
     }
-    dset.close_checked(where, detail::raise_checkpoint_error);
+    step([&] { dset.close_checked(where, detail::raise_checkpoint_error); });
     offset += n;
     if (faults.exit_rank == rank && i + 1 == exit_after) {
       log::error("checkpoint save " + tmp + ": debug fault injection: rank " +
@@ -254,7 +300,7 @@ WriteResult write_file(MPI_Comm comm_mpi, const IoOptions& io, const std::string
       ::_exit(kExitInjected);
     }
   }
-  file.close_checked(tmp, detail::raise_checkpoint_error);
+  step([&] { file.close_checked(tmp, detail::raise_checkpoint_error); });
   return result;
 }
 
@@ -345,7 +391,10 @@ IoStats Directory::save_impl(Metadata meta, const std::vector<TensorRef>& tensor
 
   // Checked on every rank, then agreed: the tensors should be identical everywhere, but
   // a caller's bug on one rank must not leave the others inside HDF5 collectives.
-  comm.agree(capture([&] { validate(meta, tensors, final_path, source == nullptr); }));
+  comm.agree(capture([&] {
+    validate(meta, tensors, final_path, source == nullptr);
+    check_file_size_limit(meta, tensors, final_path);
+  }));
   std::string created = comm.rank() == 0 ? detail::utc_now() : std::string();
   comm.agree(comm.rank() == 0 ? capture([&] { fs::create_directories(path_); }) : std::nullopt);
   // Every rank must write identical metadata: rank 0's clock decides.
@@ -364,13 +413,29 @@ IoStats Directory::save_impl(Metadata meta, const std::vector<TensorRef>& tensor
 
   const auto t_write = Clock::now();
   WriteResult written;
-  auto err = capture([&] {
-    written = write_file(comm_, io_, tmp, meta, tensors, data_of, sum_of, comm.rank(), comm.size(),
-                         faults);
-  });
-  if (auto e = comm.agreed(err)) {
+  // write_file agrees on its errors itself: every rank holds the same one.
+  auto err = capture(
+      [&] { written = write_file(comm, comm_, io_, tmp, meta, tensors, data_of, sum_of, faults); });
+  if (err) {
     if (comm.rank() == 0) CommitUndo{tmp, final_path, manifest_path(final_path)}.undo();
-    throw *e;
+    // HDF5 says only "file write failed"; a full disk or quota is the usual cause. The
+    // space left once the partial file is gone (the same figure on every rank: rank 0's).
+    std::uint64_t space[2] = {0, 0};
+    if (comm.rank() == 0) {
+      std::error_code ec;
+      const fs::space_info si = fs::space(path_, ec);
+      if (!ec) space[0] = si.available, space[1] = si.capacity;
+    }
+    comm.broadcast(space, 2, MPI_UINT64_T, 0);
+    if (space[1] == 0) throw *err;
+    const auto mb = [](std::uint64_t bytes) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
+      return std::string(text);
+    };
+    throw CheckpointError(err->kind(), err->what() + std::string(" (the file system of ") + path_ +
+                                           " has " + mb(space[0]) + " free of " + mb(space[1]) +
+                                           ", the partial file removed)");
   }
   double write_s = seconds_since(t_write);
   comm.allreduce(&write_s, 1, MPI_DOUBLE, MPI_MAX);

@@ -29,6 +29,10 @@ void install_stop_handlers() {
     sigaction(s, &sa, nullptr);
 }
 
+void ignore_file_size_signal() {
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
 int stop_signal() {
   return first_signal.load();
 }

@@ -267,7 +267,12 @@ void TrainingRun::save_checkpoint() {
                   io.collective ? ", collective" : "", io.total_seconds);
     log::info(line);
   } catch (const ckpt::CheckpointError& e) {
-    throw CollectiveError(std::string("checkpoint failed: ") + e.what(), kExitCheckpoint);
+    // What a restart would resume from (the failed save left nothing behind).
+    const std::string newest = checkpoints_->latest();
+    throw CollectiveError(std::string("checkpoint failed: ") + e.what() + "; " +
+                              (newest.empty() ? std::string("no checkpoint of this run yet")
+                                              : "the newest checkpoint is " + newest),
+                          kExitCheckpoint);
   }
   have_checkpoint_ = true;
   saved_this_run_ = true;

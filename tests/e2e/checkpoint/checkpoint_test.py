@@ -22,6 +22,15 @@ MODE
              the file; with the manifest rewritten to match, the tensor checksum names the
              tensor; `auto` falls back to the previous checkpoint and says so.
   deck       resuming with another model.d_model: exit 3 with a message listing the key.
+  disk-full  the run directory on a tmpfs with room for one checkpoint (needs root to
+             mount it; skips without, as tests/e2e/multinode does): on 2 ranks, the second save
+             runs out of space on one rank's share of the collective write; every rank
+             ends within seconds (not at the 600 s collective deadline) with exit 8, the
+             error naming the file, the space left and the newest checkpoint (step-10.h5),
+             no partial file left; resuming from that checkpoint elsewhere gives steps
+             11-20 bit-identical to an uninterrupted run. Under a file-size limit (ulimit
+             -f) below the checkpoint's size the save is refused before it starts: exit 8
+             naming the limit, no partial file, no crash.
   mtp-N      moe-N with a multi-token prediction module (model.mtp_depth 1)
   moe-N      resume-N for a DeepSeek-V2/V3 model (latent attention, DeepSeekMoE with the
              balance loss and a fast bias update): losses, parameters (the routers'
@@ -83,10 +92,17 @@ class Ctx:
             cmd += ["--set", a]
         return cmd
 
-    def train(self, ranks, name, extra=(), expect_rc=0):
+    def train(self, ranks, name, extra=(), expect_rc=0, file_size_limit=None):
         out_dir = os.path.join(self.work, name)
-        p = subprocess.run(self.command(ranks, out_dir, list(extra)), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=300)
+        cmd = self.command(ranks, out_dir, list(extra))
+        if file_size_limit is not None:
+            # RLIMIT_FSIZE (KiB) of the ranks only: mpiexec's own shared-memory files would
+            # outgrow it and hang the launcher.
+            at = cmd.index(self.dstrain)
+            cmd[at:at] = ["bash", "-c", f'ulimit -f {file_size_limit // 1024} && exec "$@"',
+                          "limited"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=300)
         if expect_rc is not None and p.returncode != expect_rc:
             print(p.stdout)
             fail(f"{name}: exit code {p.returncode}, expected {expect_rc}")
@@ -443,6 +459,68 @@ def mode_deck(c):
           "resume none warns about the earlier run's checkpoints")
 
 
+def mode_disk_full(c):
+    c.train(2, "straight")
+    straight = os.path.join(c.work, "straight")
+    size = os.path.getsize(ckpt(straight, 10))
+    small = os.path.join(c.work, "small")
+    os.makedirs(small)
+    # Room for the run's small files and one checkpoint, not two.
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 1.6) // 1024}k",
+                            "tmpfs", small], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    if mount.returncode != 0:
+        # As tests/e2e/multinode: a missing privilege, not a missing tool, so a skip also
+        # under CI=true (no CI setting could make it run there).
+        print(f"disk-full: skipped: cannot mount a tmpfs ({mount.stdout.strip()}); run as root "
+              "with CAP_SYS_ADMIN")
+        sys.exit(77)
+    try:
+        run_dir = os.path.join(small, "run")
+        t0 = time.monotonic()
+        # A short collective deadline: were the ranks to part ways in the save, the job
+        # would end at it (with another exit code) rather than at the default 600 s.
+        out = c.train(2, "small/run", ["parallel.timeout_s=30"], expect_rc=8)
+        elapsed = time.monotonic() - t0
+        listing = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+        for want in ("checkpoint failed", "step-20.h5.tmp", " free of ",
+                     "the newest checkpoint is " + ckpt(run_dir, 10)):
+            if want not in out:
+                print(out)
+                fail(f"the error does not say '{want}'")
+        if elapsed > 60:
+            fail(f"the failed save took {elapsed:.0f} s to end the job")
+        if listing != ["latest", "step-10.h5", "step-10.manifest.json"]:
+            fail(f"the checkpoint directory holds {listing} after the failed save")
+        # Nothing lost: the checkpoint left is the straight run's step 10, and a run resumed
+        # from it (elsewhere) ends as the straight run.
+        n = same_state(ckpt(straight, 10), ckpt(run_dir, 10), "disk-full step 10")
+        out = c.train(2, "resumed", ["checkpoint.resume=" + ckpt(run_dir, 10)])
+        expect_resumed(out, ckpt(run_dir, 10), 10, 10, "disk-full resume")
+    finally:
+        subprocess.run(["umount", small], check=False)
+    resumed = os.path.join(c.work, "resumed")
+    same_losses(step_records(straight), step_records(resumed), range(11, STEPS + 1),
+                "disk-full resume")
+    same_state(ckpt(straight, 20), ckpt(resumed, 20), "disk-full resume")
+    # A file-size limit below the checkpoint's size: refused before HDF5 writes a byte
+    # (a write failing at the limit leaves HDF5 unable to close the file). MPI's gradient
+    # sum: shared-memory windows are files too, and would meet the limit first.
+    # The tiny preset's own size (about 38 MB of checkpoint) against 16 MiB: MPI's shared
+    # memory needs a few MiB of file under the same limit.
+    out = c.train(2, "limited", ["parallel.backend=mpi", "model.d_model=256", "model.n_layers=4",
+                                 "model.ffn_dim=688"], expect_rc=8, file_size_limit=16 << 20)
+    for want in ("file-size limit", "ulimit -f", "no checkpoint of this run yet"):
+        if want not in out or "Segmentation" in out:
+            print(out)
+            fail(f"under a file-size limit the error does not say '{want}'")
+    if os.listdir(os.path.join(c.work, "limited", "checkpoints")):
+        fail("the refused save left files behind")
+    print(f"disk-full: every rank ended {elapsed:.1f} s after the start with exit 8, naming the "
+          f"file, the space left and step-10.h5 ({n} tensors, as the straight run's); no partial "
+          "file; resumed from it, steps 11-20 bit-identical; a file-size limit refused")
+
+
 def main():
     c = Ctx(sys.argv)
     if c.mode.startswith("resume-"):
@@ -451,8 +529,8 @@ def main():
         mode_moe(c, int(c.mode.split("-")[1]))
     elif c.mode.startswith("mtp-"):
         mode_mtp(c, int(c.mode.split("-")[1]))
-    elif c.mode in ("reshard", "crash", "sigkill", "corrupt", "deck"):
-        globals()["mode_" + c.mode](c)
+    elif c.mode in ("reshard", "crash", "sigkill", "corrupt", "deck", "disk-full"):
+        globals()["mode_" + c.mode.replace("-", "_")](c)
     else:
         fail("unknown mode " + c.mode)
 
