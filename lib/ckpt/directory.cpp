@@ -71,11 +71,10 @@ void check_file_size_limit(const Metadata& meta, const std::vector<TensorRef>& t
   for (const auto& t : tensors)
     bytes += numel(t.shape) * sizeof(float) + 4096;
   if (bytes <= limit.rlim_cur) return;
-  throw CheckpointError(Kind::io, "checkpoint save " + file + ": the file would hold about " +
-                                      std::to_string(bytes >> 20) +
-                                      " MiB, over this process's file-size " + "limit of " +
-                                      std::to_string(limit.rlim_cur >> 20) +
-                                      " MiB (ulimit -f; RLIMIT_FSIZE)");
+  throw CheckpointError(
+      Kind::io, "checkpoint save " + file + ": the file would hold about " +
+                    std::to_string(bytes >> 20) + " MiB, over this process's file-size limit of " +
+                    std::to_string(limit.rlim_cur >> 20) + " MiB (ulimit -f; RLIMIT_FSIZE)");
 }
 
 /// The checksum of one tensor of `elements` floats at `data` (identical on every rank):

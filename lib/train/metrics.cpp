@@ -1,6 +1,7 @@
 #include "train/metrics.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "blas/gemm.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/version.hpp"
 
 namespace dst::train {
@@ -40,7 +42,8 @@ std::uint64_t peak_resident_bytes() {
   return kib * 1024ull;
 }
 
-MetricsLog::MetricsLog(const std::string& path, bool writer) : writer_(writer && !path.empty()) {
+MetricsLog::MetricsLog(const std::string& path, bool writer)
+    : path_(path), writer_(writer && !path.empty()) {
   if (writer_) {
     out_.open(path, std::ios::app);
     if (!out_) throw Error("metrics: cannot open '" + path + "' for writing");
@@ -49,8 +52,25 @@ MetricsLog::MetricsLog(const std::string& path, bool writer) : writer_(writer &&
 
 void MetricsLog::write(const std::string& json_line) {
   if (!writer_) return;
+  errno = 0;
   out_ << json_line << '\n';
   out_.flush();  // a killed run keeps every record written so far
+  if (out_) {
+    if (lost_ > 0)
+      log::info("metrics: " + path_ + " is written again; " + std::to_string(lost_) +
+                " records were lost");
+    lost_ = 0;
+    return;
+  }
+  // A full disk or a quota: training goes on (the checkpoint, not this file, is what a
+  // restart needs), said once, and each later record is tried again.
+  if (lost_ == 0)
+    log::warn("metrics: writing " + path_ + " failed (" +
+              (errno != 0 ? std::string(std::strerror(errno)) : std::string("stream error")) +
+              "): its records are lost until it can be written again");
+  ++lost_;
+  ++lost_total_;
+  out_.clear();
 }
 
 void MetricsLog::header(const std::string& deck_yaml, int world_size, double peak_gflops_per_rank) {

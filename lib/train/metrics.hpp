@@ -36,11 +36,17 @@ class MetricsLog {
   /// The line names the slowest rank when there are several.
   std::string phases(std::int64_t step, const StepStats& sum, std::int64_t steps,
                      const Trainer::WorkSpread& spread, int world_size);
+  /// Records that could not be written (a full disk, a quota: said once in the log,
+  /// training goes on), in all.
+  std::int64_t lost_records() const { return lost_total_; }
 
  private:
   void write(const std::string& json_line);
+  std::string path_;
   std::ofstream out_;
   bool writer_;
+  std::int64_t lost_ = 0;        // records lost since the last one written
+  std::int64_t lost_total_ = 0;  // records lost in all
 };
 
 }  // namespace dst::train

@@ -23,8 +23,8 @@ MODE
              tensor; `auto` falls back to the previous checkpoint and says so.
   deck       resuming with another model.d_model: exit 3 with a message listing the key.
   disk-full  the run directory on a tmpfs with room for one checkpoint (needs root to
-             mount it; skips without, as tests/e2e/multinode does): on 2 ranks, the second save
-             runs out of space on one rank's share of the collective write; every rank
+             mount it; skips without, as tests/e2e/multinode does): on 2 ranks, the
+             second save runs out of space in the collective write; every rank
              ends within seconds (not at the 600 s collective deadline) with exit 8, the
              error naming the file, the space left and the newest checkpoint (step-10.h5),
              no partial file left; resuming from that checkpoint elsewhere gives steps
@@ -504,10 +504,9 @@ def mode_disk_full(c):
                 "disk-full resume")
     same_state(ckpt(straight, 20), ckpt(resumed, 20), "disk-full resume")
     # A file-size limit below the checkpoint's size: refused before HDF5 writes a byte
-    # (a write failing at the limit leaves HDF5 unable to close the file). MPI's gradient
-    # sum: shared-memory windows are files too, and would meet the limit first.
-    # The tiny preset's own size (about 38 MB of checkpoint) against 16 MiB: MPI's shared
-    # memory needs a few MiB of file under the same limit.
+    # (a write failing at the limit leaves HDF5 unable to close the file). The tiny
+    # preset's own size (a 38 MB checkpoint) against 16 MiB, with MPI's gradient sum:
+    # shared-memory windows and MPI's own shared memory are files under the same limit.
     out = c.train(2, "limited", ["parallel.backend=mpi", "model.d_model=256", "model.n_layers=4",
                                  "model.ffn_dim=688"], expect_rc=8, file_size_limit=16 << 20)
     for want in ("file-size limit", "ulimit -f", "no checkpoint of this run yet"):
