@@ -264,21 +264,8 @@ WriteResult write_file(Bounded& comm, MPI_Comm comm_mpi, const IoOptions& io,
       for (std::size_t k = 0; k < calls; ++k) {
         step([&] {
           const bool active = k < mine.size();
-          const hsize_t count = active ? mine[k].rows() * rs.row_elements : 1;
-          h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
-          if (!active) {
-            DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
-            DST_CKPT_H5(H5Sselect_none(fspace.get()), where);
-          } else if (t.shape.empty()) {
-            DST_CKPT_H5(H5Sselect_all(fspace.get()), where);
-          } else {
-            std::vector<hsize_t> start(dims.size(), 0), block = dims;
-            start[0] = mine[k].begin;
-            block[0] = mine[k].rows();
-            DST_CKPT_H5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                            block.data(), nullptr),
-                        where);
-          }
+          h5::Handle mspace = detail::select_piece(
+              fspace.get(), t.shape, active ? &mine[k] : nullptr, rs.row_elements, where);
           const float* buf = active ? data + mine[k].begin * rs.row_elements : data;
           DST_CKPT_H5(
               H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), buf),
@@ -286,7 +273,7 @@ WriteResult write_file(Bounded& comm, MPI_Comm comm_mpi, const IoOptions& io,
           H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
           DST_CKPT_H5(H5Pget_mpio_actual_io_mode(dxpl.get(), &mode), where);
           if (mode == H5D_MPIO_NO_COLLECTIVE) result.collective = false;
-          if (active) result.bytes_this_rank += count * sizeof(float);
+          if (active) result.bytes_this_rank += mine[k].rows() * rs.row_elements * sizeof(float);
         });
       }
     }

@@ -257,22 +257,8 @@ std::uint64_t Reader::read_and_hash(const TensorInfo& info, float* out) {
         h5::Handle dxpl(DST_CKPT_H5(H5Pcreate(H5P_DATASET_XFER), where));
         DST_CKPT_H5(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), where);
         const bool active = k < all[rank].size();
-        const hsize_t count = active ? all[rank][k].rows() * rs.row_elements : 1;
-        h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
-        if (!active) {
-          DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
-          DST_CKPT_H5(H5Sselect_none(fspace.get()), where);
-        } else if (info.shape.empty()) {
-          DST_CKPT_H5(H5Sselect_all(fspace.get()), where);
-        } else {
-          std::vector<hsize_t> start(info.shape.size(), 0),
-              block(info.shape.begin(), info.shape.end());
-          start[0] = all[rank][k].begin;
-          block[0] = all[rank][k].rows();
-          DST_CKPT_H5(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                          block.data(), nullptr),
-                      where);
-        }
+        h5::Handle mspace = detail::select_piece(
+            fspace.get(), info.shape, active ? &all[rank][k] : nullptr, rs.row_elements, where);
         float* buf = active ? out + all[rank][k].begin * rs.row_elements : out;
         DST_CKPT_H5(
             H5Dread(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), dxpl.get(), buf),
@@ -280,7 +266,7 @@ std::uint64_t Reader::read_and_hash(const TensorInfo& info, float* out) {
         H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
         DST_CKPT_H5(H5Pget_mpio_actual_io_mode(dxpl.get(), &mode), where);
         collective = mode != H5D_MPIO_NO_COLLECTIVE;
-        if (active) stats_.bytes_this_rank += count * sizeof(float);
+        if (active) stats_.bytes_this_rank += all[rank][k].rows() * rs.row_elements * sizeof(float);
       }));
       if (!collective) all_collective_ = false;
       std::vector<std::uint64_t> offsets(size), counts(size);

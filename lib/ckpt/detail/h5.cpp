@@ -119,4 +119,24 @@ std::string read_attr_str(hid_t obj, const char* name, const std::string& where)
   return s;
 }
 
+h5::Handle select_piece(hid_t fspace, const std::vector<std::int64_t>& shape, const RowRange* piece,
+                        std::uint64_t row_elements, const std::string& where) {
+  const hsize_t count = piece != nullptr ? piece->rows() * row_elements : 1;
+  h5::Handle mspace(DST_CKPT_H5(H5Screate_simple(1, &count, nullptr), where));
+  if (piece == nullptr) {
+    DST_CKPT_H5(H5Sselect_none(mspace.get()), where);
+    DST_CKPT_H5(H5Sselect_none(fspace), where);
+  } else if (shape.empty()) {
+    DST_CKPT_H5(H5Sselect_all(fspace), where);
+  } else {
+    std::vector<hsize_t> start(shape.size(), 0), block(shape.begin(), shape.end());
+    start[0] = piece->begin;
+    block[0] = piece->rows();
+    DST_CKPT_H5(
+        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, block.data(), nullptr),
+        where);
+  }
+  return mspace;
+}
+
 }  // namespace dst::ckpt::detail

@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/detail/partition.hpp"
 #include "h5/check.hpp"
 #include "h5/handle.hpp"
 
@@ -18,6 +20,13 @@ namespace dst::ckpt::detail {
 
 /// Throws CheckpointError(io, message): the checkpoint layer's h5::Raise.
 [[noreturn]] void raise_checkpoint_error(const std::string& message);
+
+/// One piece of a collective H5Dwrite/H5Dread: selects rows [piece->begin, piece->end)
+/// of a tensor of `shape` in `fspace` (all of a scalar) and returns the memory space of
+/// their `piece->rows() x row_elements` elements; a rank without a piece (`piece` null)
+/// selects nothing in either, and still takes part in the call.
+h5::Handle select_piece(hid_t fspace, const std::vector<std::int64_t>& shape, const RowRange* piece,
+                        std::uint64_t row_elements, const std::string& where);
 
 /// A file access list for the MPI-IO driver on `comm` with `io`'s alignment and hints,
 /// and collective metadata reads and writes (one rank touches the metadata and shares
