@@ -14,9 +14,9 @@ namespace dst::runtime {
 
 /// Installs the handlers (idempotent; async-signal-safe: they store one integer).
 void install_stop_handlers();
-/// Ignores SIGXFSZ: a file-size limit (`ulimit -f`, a batch system's) then makes the
-/// write fail with EFBIG, which the checkpoint and shard writers report as an error naming
-/// the file, on every rank, instead of killing the one rank that crossed it with no word.
+/// Ignores SIGXFSZ: a write past a file-size limit (`ulimit -f`, a batch system's) then
+/// fails with EFBIG, which the writers report as an error naming the file, instead of the
+/// signal killing the rank that crossed the limit without a word.
 void ignore_file_size_signal();
 /// The first stop signal received (its number), 0 if none.
 int stop_signal();

@@ -64,9 +64,10 @@ void MetricsLog::write(const std::string& json_line) {
   }
   // A full disk or a quota: training goes on (the checkpoint, not this file, is what a
   // restart needs), said once, and each later record is tried again.
+  const int cause = errno;
   if (lost_ == 0)
     log::warn("metrics: writing " + path_ + " failed (" +
-              (errno != 0 ? std::string(std::strerror(errno)) : std::string("stream error")) +
+              (cause != 0 ? std::string(std::strerror(cause)) : std::string("stream error")) +
               "): its records are lost until it can be written again");
   ++lost_;
   ++lost_total_;
