@@ -909,8 +909,8 @@ void Trainer::pipeline_micro_batches(float backward_scale,
   // receiving chunk's micro-batch and direction.
   const int V = chunks_, P = stages_;
   const int previous = (stage_ + P - 1) % P, next = (stage_ + 1) % P;
-  const auto tag_of = [&](std::int64_t micro, int chunk, bool backward) {
-    return static_cast<int>(2 * (micro * V + chunk)) + (backward ? 1 : 0);
+  const auto tag_of = [&](std::int64_t mb, int chunk, bool backward) {
+    return static_cast<int>(2 * (mb * V + chunk)) + (backward ? 1 : 0);
   };
   const auto label = [&](const model::PipeOp& op) {
     return std::to_string(op.micro + 1) + "/" + std::to_string(m) +
