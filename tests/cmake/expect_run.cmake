@@ -3,7 +3,7 @@
 # matches every MATCH regex and no NOT_MATCH regex. Prints the output on failure.
 # SCRATCH: directories the command writes (runs, checkpoints); removed when the test
 # passes, kept for inspection when it fails or DSTRAIN_KEEP_TEST_OUTPUT=1. Several tests'
-# runs hold gigabytes (the whole suite wrote about 20 GB before they were removed).
+# runs hold gigabytes (the whole suite left about 25 GB before they were removed).
 string(TIMESTAMP _t0 "%s")
 execute_process(COMMAND ${COMMAND}
   WORKING_DIRECTORY ${WORKDIR}

@@ -159,7 +159,8 @@ train() {  # train NAME DECK ARGS...: as benchmarks/gpu/parity's train(), on the
   set -e
   mkdir -p "$raw/$name"
   cp "runs/$name/metrics.jsonl" "runs/$name/deck.yaml" "$raw/$name/"
-  rm -rf "runs/$name"  # its checkpoint and final parameters: up to 450 MB, not read here
+  # Its checkpoint and final parameters (up to 450 MB) are not read here.
+  [[ "${DSTRAIN_KEEP_TEST_OUTPUT:-}" == 1 ]] || rm -rf "runs/$name"
 }
 train cpu parity.yaml --set training.max_steps=3 --set training.schedule.warmup_steps=1
 train gpu parity.yaml --set training.max_steps=3 --set training.schedule.warmup_steps=1
