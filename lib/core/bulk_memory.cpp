@@ -38,8 +38,8 @@ void lines_copy_16(unsigned char* dst, const unsigned char* src, std::size_t lin
 }
 
 // One 64-byte store per line: about 1.4x faster than four 16-byte ones on the measured
-// host (docs/performance.md). Compiled for AVX-512F by attribute and chosen at run time,
-// so every build runs on every x86-64 CPU.
+// host (docs/measurements/host-kernels.md). Compiled for AVX-512F by attribute and chosen
+// at run time, so every build runs on every x86-64 CPU.
 __attribute__((target("avx512f"))) void lines_zero_64(unsigned char* p, std::size_t lines) {
   const __m512i z = _mm512_setzero_si512();
   for (std::size_t i = 0; i < lines; ++i)

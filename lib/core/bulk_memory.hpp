@@ -6,7 +6,7 @@
 /// per line. A streaming store writes whole lines straight to memory: one. For the
 /// gradient buffer zeroed before every step and the parameters each rank of a node copies
 /// into its peers' buffers after its part of the optimizer step, that is measured in
-/// docs/performance.md ("Streaming stores for the whole-buffer writes").
+/// docs/measurements/host-kernels.md ("Streaming stores for the whole-buffer writes").
 ///
 /// Each function here that streams ends with a store fence, so its stores are ordered
 /// before any later store of this thread: a flag published after them with release order

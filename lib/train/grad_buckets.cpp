@@ -131,7 +131,7 @@ GradBuckets::~GradBuckets() {
 // polls: one adds this rank's whole part of a bucket once every rank has started it, so
 // the thread wakes every 500 us, a tenth as often (no slower in small's steps at 2 ranks,
 // where a thread-less variant, polling only in ready(), was not faster either:
-// docs/performance.md).
+// docs/measurements/gradient-communication.md).
 void GradBuckets::progress_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
