@@ -23,8 +23,8 @@ latent projections, norms and MoE layers compared across the tensor slices):
                                               tensor group (metrics' tensor_allreduce_bytes)
   tiny with the MTP module TP=2 and TP=2 +    vs 1 rank: the bounds, the MTP losses too;
   SP, tiny-moe with it TP=2, TP=2 x PP=2 and  the traffic of tiny's counted; TP=2 + SP's
-  TP=2 x PP=2 + SP (the last stage's copy of  step 1 losses TP=2's bit for bit
-  the table sliced)
+  TP=2 x PP=2 + SP (the last stage's copy of  step 1 loss TP=2's bit for bit (its MTP
+  the table sliced)                           loss within 1e-8 through OpenBLAS)
   tiny with the MTP module TP=2 + SP,         vs TP=2 + SP: bit-identical
   training.recompute full
 
@@ -151,16 +151,21 @@ def main():
     # With sequence parallelism the module keeps this rank's rows as the blocks do: its
     # embedding's rows reduce-scattered, its block split by rows, its head's norm gathered;
     # eh_proj's weight gradient from the gathered rows (the same whole sum on every rank:
-    # the consistency check compares it every step). The first step's losses are TP=2's
-    # bit for bit.
+    # the consistency check compares it every step). The first step's main loss is TP=2's
+    # bit for bit. Its MTP loss is too where the products' bits do not depend on their row
+    # count (dstrain's own AVX-512 kernels); through OpenBLAS (a host without AVX-512) the
+    # module's replicated eh_proj over this rank's N / 2 rows may take another kernel than
+    # over all N rows: measured 8.4e-10 relative on an AMD EPYC host, bounded at 1e-8.
     sp = ["parallel.tensor=2", "parallel.sequence_parallel=true"]
     _, *ds2 = run("mtp-tp2-sp", 2, sp, lay.format(1, 2, 1), dense_mtp)
     first = [(r[2][0]["loss"], r[2][0]["mtp_loss"]) for r in (ds2, d2)]
-    if first[0] != first[1]:
+    mtp_off = abs(first[0][1] - first[1][1]) / abs(first[1][1])
+    if first[0][0] != first[1][0] or mtp_off > 1e-8:
         problems.append(f"tiny with MTP TP=2 + SP: step 1's losses {first[0]} are not TP=2's "
-                        f"{first[1]}")
+                        f"{first[1]} (the loss bit for bit, the MTP loss within 1e-8)")
     else:
-        print(f"tiny with MTP TP=2 + SP: step 1's losses are TP=2's bit for bit {first[0]}")
+        print(f"tiny with MTP TP=2 + SP: step 1's loss is TP=2's bit for bit {first[0][0]}, "
+              f"its MTP loss within {mtp_off:.1e}")
     check.within("tiny with MTP TP=2 + SP vs 1 rank", ds2, d1)
     mtp_within("tiny with MTP TP=2 + SP vs 1 rank", ds2, d1)
     # Traffic (a reduce-scatter or an all-gather is half an all-reduce): 5 per block (the
