@@ -146,7 +146,7 @@ void parse_prep(const std::vector<std::string>& given, std::size_t first, Comman
   if (p.utf8.empty()) p.utf8 = p.byte && p.format == "text" ? "keep" : "error";
 }
 
-// --- checkpoint tools (issue 6): inspect, export, generate ---
+// --- checkpoint tools: inspect, export, generate ---
 /// Options of `inspect`, `export`, `generate` from args[first..]: one checkpoint file and
 /// the subcommand's flags (--flag value or --flag=value).
 void parse_tool(const std::vector<std::string>& given, std::size_t first, const std::string& sub,
@@ -261,7 +261,7 @@ void parse_tool(const std::vector<std::string>& given, std::size_t first, const 
 }  // namespace
 
 std::string help_text(const std::string& topic) {
-  // --- checkpoint tools (issue 6) ---
+  // --- checkpoint tools ---
   if (topic == "inspect") {
     return R"(usage: dstrain inspect <step-N.h5> [--no-verify] [--no-deck] [--timeout S]
 

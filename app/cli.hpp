@@ -49,7 +49,7 @@ struct PrepCommandOptions {
   double timeout_s = 600.0;
 };
 
-// --- checkpoint tools (issue 6): inspect, export, generate ---
+// --- checkpoint tools: inspect, export, generate ---
 /// `dstrain inspect <ckpt.h5>`.
 struct InspectOptions {
   std::string checkpoint;
@@ -96,7 +96,7 @@ struct Command {
   CommonOptions common;
   CheckOptions check;  ///< check and train: the deck and its overrides
   PrepCommandOptions prep;
-  InspectOptions inspect;  ///< checkpoint tools (issue 6)
+  InspectOptions inspect;  ///< checkpoint tools
   ExportOptions export_;
   GenerateOptions generate;
 };

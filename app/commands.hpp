@@ -6,7 +6,7 @@
 
 #include "cli.hpp"
 #include "runtime/runtime.hpp"
-// checkpoint tools (issue 6)
+// checkpoint tools
 #include "ckpt/checkpoint.hpp"
 #include "config/run_config.hpp"
 #include "model/param_store.hpp"
@@ -19,7 +19,7 @@ int run_check(runtime::Runtime& rt, const Command& cmd);
 int run_train(runtime::Runtime& rt, const Command& cmd);
 /// `dstrain prep`: corpus -> token shards, in parallel over the ranks.
 int run_prep(runtime::Runtime& rt, const Command& cmd);
-// --- checkpoint tools (issue 6) ---
+// --- checkpoint tools ---
 /// `dstrain inspect`: a checkpoint's metadata, tensors (checksums verified) and deck.
 int run_inspect(runtime::Runtime& rt, const Command& cmd);
 /// `dstrain export`: a checkpoint's parameters as safetensors + Hugging Face config.json.

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
       return run_parallel(argc, argv, cmd, app::run_train);
     case app::Command::Kind::prep:
       return run_parallel(argc, argv, cmd, app::run_prep);
-    // checkpoint tools (issue 6): single-process by default (an MPI singleton)
+    // checkpoint tools: single-process by default (an MPI singleton)
     case app::Command::Kind::inspect:
       return run_parallel(argc, argv, cmd, app::run_inspect);
     case app::Command::Kind::export_:

@@ -52,7 +52,7 @@ class DenseModel {
   /// values are rounded to the storage type where a 16-bit back end would store them
   /// (docs/precision.md), and the forward/backward read a rounded compute copy of the fp32
   /// master parameters (refresh_compute_params()). f32 computes on the master parameters
-  /// directly, bit for bit as before the option existed. `deterministic` false
+  /// directly. `deterministic` false
   /// (debug.deterministic) allows kernels whose results may differ in the last bits from
   /// run to run: the fused attention of the CUDA back end (cuDNN SDPA, whose backward
   /// accumulates with atomics), used where it supports the shape and the storage type.

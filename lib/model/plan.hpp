@@ -83,7 +83,7 @@ const HostRates& host_rates(const std::string& kind);
 
 /// What the plan takes beyond the deck and the layout.
 struct PlanOptions {
-  /// parallel.zero_stage (ZeRO, issue 30): 0 every data rank holds everything; 1 the AdamW
+  /// parallel.zero_stage (ZeRO): 0 every data rank holds everything; 1 the AdamW
   /// moments and the fp32 master weights are divided by the data ranks; 2 the gradients
   /// too (each rank keeps its shard plus the bucket in flight at the end of the backward;
   /// the whole buffer when micro-batches are accumulated).

@@ -1,6 +1,6 @@
 #pragma once
 /// \file vocab_parallel.hpp
-/// Tensor parallelism over the vocabulary (issue 31): the token embedding and the output
+/// Tensor parallelism over the vocabulary: the token embedding and the output
 /// head's cross-entropy with their (V, C) tables split by rows over a tensor-parallel group
 /// of P ranks, rank r owning vocabulary ids [r V/P, (r+1) V/P). Host functions over
 /// row-major f32 arrays; every rank of the group calls them with the same tokens, targets
