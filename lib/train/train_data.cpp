@@ -10,8 +10,8 @@
 #include "data/byte_vocab.hpp"
 #include "data/dataset/token_dataset.hpp"
 #include "data/text_corpus.hpp"
+#include "data/text_store.hpp"
 #include "train/baseline.hpp"
-#include "train/text_store.hpp"
 
 namespace dst::train {
 
@@ -74,8 +74,8 @@ TrainData TrainData::open(runtime::Runtime& rt, const config::RunConfig& cfg,
       d.tokenizer_name = "byte260";
       d.train_tokens = train_tokens.size();
       d.valid_tokens = valid_tokens.size();
-      d.train = std::make_unique<TextSampleStore>(std::move(train_tokens), cfg.data.seq_len);
-      d.valid = std::make_unique<TextSampleStore>(std::move(valid_tokens), cfg.data.seq_len);
+      d.train = std::make_unique<data::TextSampleStore>(std::move(train_tokens), cfg.data.seq_len);
+      d.valid = std::make_unique<data::TextSampleStore>(std::move(valid_tokens), cfg.data.seq_len);
     } else {
       // The reader's thread calls MPI-IO while this one runs collectives: prefetch only
       // when MPI allows that (the runtime asks for MPI_THREAD_MULTIPLE).
@@ -94,7 +94,7 @@ TrainData TrainData::open(runtime::Runtime& rt, const config::RunConfig& cfg,
       for (const auto& h : train_ds.shards())
         d.train_docs += h.num_documents;
       d.train_tokens = train_ds.num_tokens();
-      auto train = std::make_unique<Hdf5SampleStore>(train_ds, ro);
+      auto train = std::make_unique<data::Hdf5SampleStore>(train_ds, ro);
       d.train_h5_ = train.get();
       d.train = std::move(train);
       if (!cfg.data.valid.empty()) {
@@ -109,11 +109,12 @@ TrainData TrainData::open(runtime::Runtime& rt, const config::RunConfig& cfg,
         // Evaluation reads a few batches at a time and waits for them: no read-ahead.
         data::BatchReaderOptions vo = ro;
         vo.prefetch = false;
-        auto valid = std::make_unique<Hdf5SampleStore>(valid_ds, vo);
+        auto valid = std::make_unique<data::Hdf5SampleStore>(valid_ds, vo);
         d.valid_h5_ = valid.get();
         d.valid = std::move(valid);
       } else {
-        d.valid = std::make_unique<TextSampleStore>(std::vector<std::int32_t>{}, cfg.data.seq_len);
+        d.valid =
+            std::make_unique<data::TextSampleStore>(std::vector<std::int32_t>{}, cfg.data.seq_len);
       }
     }
     const auto samples = d.train->num_samples();
@@ -136,8 +137,8 @@ std::optional<double> TrainData::bigram_baseline(std::int64_t vocab_size, bool r
   if (!root) return std::nullopt;
   const auto vocab = static_cast<std::int32_t>(vocab_size);
   if (!train_h5_) {
-    const auto& t = static_cast<const TextSampleStore&>(*train).stream();
-    const auto& v = static_cast<const TextSampleStore&>(*valid).stream();
+    const auto& t = static_cast<const data::TextSampleStore&>(*train).stream();
+    const auto& v = static_cast<const data::TextSampleStore&>(*valid).stream();
     return bigram_cross_entropy(t, v, vocab);
   }
   if (!valid_h5_) return std::nullopt;
@@ -146,8 +147,8 @@ std::optional<double> TrainData::bigram_baseline(std::int64_t vocab_size, bool r
            " tokens > " + std::to_string(kBigramMaxTokens) + ")";
     return std::nullopt;
   }
-  return bigram_cross_entropy(read_token_stream(train_h5_->dataset(), train_tokens),
-                              read_token_stream(valid_h5_->dataset(), valid_tokens), vocab);
+  return bigram_cross_entropy(data::read_token_stream(train_h5_->dataset(), train_tokens),
+                              data::read_token_stream(valid_h5_->dataset(), valid_tokens), vocab);
 }
 
 }  // namespace dst::train

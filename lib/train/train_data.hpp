@@ -10,9 +10,9 @@
 #include <string>
 
 #include "config/run_config.hpp"
+#include "data/hdf5_store.hpp"
+#include "data/sample_store.hpp"
 #include "runtime/runtime.hpp"
-#include "train/hdf5_store.hpp"
-#include "train/sample_store.hpp"
 
 namespace dst::train {
 
@@ -21,8 +21,8 @@ namespace dst::train {
 inline constexpr std::uint64_t kBigramMaxTokens = 50'000'000;
 
 struct TrainData {
-  std::unique_ptr<SampleStore> train;  ///< the training samples
-  std::unique_ptr<SampleStore> valid;  ///< the validation samples; possibly none
+  std::unique_ptr<data::SampleStore> train;  ///< the training samples
+  std::unique_ptr<data::SampleStore> valid;  ///< the validation samples; possibly none
   std::uint64_t train_docs = 0, train_tokens = 0, valid_tokens = 0;
   std::string tokenizer_name;  ///< identity of the tokenizer the data was made with
 
@@ -41,8 +41,8 @@ struct TrainData {
                                         std::string& note) const;
 
  private:
-  Hdf5SampleStore* train_h5_ = nullptr;  ///< HDF5 data: the stores' datasets
-  Hdf5SampleStore* valid_h5_ = nullptr;
+  data::Hdf5SampleStore* train_h5_ = nullptr;  ///< HDF5 data: the stores' datasets
+  data::Hdf5SampleStore* valid_h5_ = nullptr;
 };
 
 }  // namespace dst::train

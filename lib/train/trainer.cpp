@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -37,20 +38,9 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/// FNV-1a over the bytes of one tensor: a cheap fingerprint to compare across ranks.
-std::uint64_t fingerprint(const float* p, std::size_t n) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* b = reinterpret_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n * sizeof(float); ++i) {
-    h ^= b[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 /// (rows, T + 1) samples -> inputs (rows, T) and targets shifted by one (rows, T). Padding
 /// (model::kIgnoreIndex) stays in the targets, where the loss skips it, and becomes token 0
-/// in the inputs (SampleStore).
+/// in the inputs (data::SampleStore).
 void split_rows(const std::int32_t* rows, std::int64_t n, std::int64_t T, std::int32_t* tokens,
                 std::int32_t* targets) {
   for (std::int64_t b = 0; b < n; ++b) {
@@ -77,17 +67,52 @@ DType storage_type(config::Precision precision) {
               std::to_string(static_cast<int>(precision)) + ")");
 }
 
-/// The parameter tensor holding flat-buffer offset `offset`.
-std::size_t tensor_at(const model::ParamStore& ps, std::size_t offset) {
-  std::size_t found = 0;
-  for (std::size_t i = 0; i < ps.size(); ++i)
-    if (ps.spec(i).offset <= offset) found = i;
-  return found;
-}
 }  // namespace
 
+/// The model as the pipeline executor's stage: a training step's micro-batches split from
+/// the step's samples (each forward's MoE balance-loss terms given to the balancer), or an
+/// evaluation batch the caller has split into tokens_ and targets_.
+class Trainer::ModelStage final : public PipelineStage {
+ public:
+  explicit ModelStage(Trainer& t) : t_(t) {}
+  /// Training: the step's samples (micro-batches, B, T + 1) and the backward's scale.
+  const std::int32_t* rows = nullptr;
+  float backward_scale = 1.0f;
+
+  std::size_t record(int chunk, std::int64_t micro) const override {
+    return t_.model_->record(chunk, micro);
+  }
+  tensor::Tensor input(std::size_t r) const override { return t_.model_->stage_input(r); }
+  tensor::Tensor output(std::size_t r) const override { return t_.model_->stage_output(r); }
+  tensor::Tensor gradient() const override { return t_.model_->stage_gradient(); }
+  Forward forward(int chunk, std::int64_t micro, std::size_t r, bool with_gradient) override {
+    model::DenseModel& model = *t_.model_;
+    const std::int64_t B = t_.cfg_.training.micro_batch_size;
+    const std::int64_t T = t_.cfg_.data.seq_len;
+    if (with_gradient)
+      split_rows(rows + static_cast<std::size_t>(micro * B * (T + 1)), B, T, t_.tokens_.data(),
+                 t_.targets_.data());
+    Forward f;
+    f.loss_sum =
+        model.stage_forward(r, t_.tokens_.data(), t_.targets_.data(),
+                            with_gradient ? backward_scale : 1.0f, with_gradient, &f.valid);
+    f.mtp_loss_sum = model.last_mtp_loss();
+    f.seconds = model.last_forward_seconds();
+    if (with_gradient && t_.balancer_->own_blocks() > 0)
+      t_.balancer_->keep_terms(micro, chunk, model.last_aux_losses());
+    return f;
+  }
+  double backward(std::size_t r, const std::function<void(std::size_t)>& on_ready) override {
+    t_.model_->stage_backward(r, on_ready);
+    return t_.model_->last_backward_seconds();
+  }
+
+ private:
+  Trainer& t_;
+};
+
 Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
-                 comm::ProcessGroups& groups, SampleStore& train, Options options)
+                 comm::ProcessGroups& groups, data::SampleStore& train, Options options)
     : cfg_(config),
       layout_(layout),
       groups_(groups),
@@ -106,9 +131,9 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   // pipeline stages, on a stage holding an MoE block; one without has no experts). ZeRO
   // over MPI shards the two parts of the buffer apart (the replicated tensors over the
   // data group, the own experts over the expert-data group); ZeRO in shared memory (whose
-  // parts are the node's) keeps every expert on every rank, as before per-rank storage
-  // existed (the start-up, runtime::resolve_backends, refuses shm with split experts; a
-  // Trainer built directly may still get it). `any_expert_storage_`: some stage stores them (the
+  // parts are the node's) keeps every expert on every rank (the start-up,
+  // runtime::resolve_backends, refuses shm with split experts; a Trainer built directly
+  // may still get it). `any_expert_storage_`: some stage stores them (the
   // consistency check of the own experts is collective over the world).
   const bool storage_allowed =
       layout.expert > 1 &&
@@ -244,33 +269,18 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
         std::make_unique<model::TensorParallel>(*groups.tensor, groups.kv_replica.get());
     model_->set_tensor_parallel(tensor_parallel_.get());
   }
+  if (stages_ > 1) {
+    pipeline_ =
+        std::make_unique<PipelineExecutor>(*groups.pipeline, layout, groups.world->rank(), chunks_);
+    model_stage_ = std::make_unique<ModelStage>(*this);
+  }
   // DeepSeekMoE blocks in the model, and on each stage (the balance loss and the loads are
   // gathered over the pipeline group: every stage takes part, with or without MoE blocks).
-  moe_ = model_->moe_blocks() > 0;
-  if (stages_ > 1) {
-    // Each stage's MoE blocks in its own order (its chunks in turn), and where each stands
-    // among the model's MoE blocks (the interleaved schedule's chunks are not in the
-    // model's order); this rank's MoE blocks before each of its chunks.
-    // The MTP module's block (layer n_layers) comes after the model's, with the head.
-    const std::int64_t L = config.model.n_layers + (config.model.mtp_depth > 0 ? 1 : 0);
-    std::vector<std::int64_t> moe_layers;
-    for (std::int64_t l = 0; l < L; ++l)
-      if (config.model.moe_layer(l)) moe_layers.push_back(l);
-    for (int s = 0; s < stages_; ++s) {
-      std::size_t n = 0;
-      for (const model::StageBlocks& b : model::rank_chunks(config, s, 0)) {
-        if (s == stage_) chunk_moe_offset_.push_back(n);
-        for (std::int64_t l = b.first; l < (b.head ? L : b.last); ++l) {
-          if (!config.model.moe_layer(l)) continue;
-          ++n;
-          moe_order_.push_back(static_cast<std::size_t>(
-              std::lower_bound(moe_layers.begin(), moe_layers.end(), l) - moe_layers.begin()));
-        }
-      }
-      stage_moe_blocks_.push_back(n);
-    }
-    moe_ = std::accumulate(stage_moe_blocks_.begin(), stage_moe_blocks_.end(), std::size_t{0}) > 0;
-  }
+  balancer_ = std::make_unique<MoeBalancer>(config, layout, groups);
+  if (static_cast<std::int64_t>(balancer_->own_blocks()) != model_->moe_blocks())
+    throw Error("trainer: the MoE balancer counts " + std::to_string(balancer_->own_blocks()) +
+                " MoE blocks on pipeline stage " + std::to_string(stage_) + ", the model " +
+                std::to_string(model_->moe_blocks()));
   // Tied embeddings or the MTP module with stages: the table on stage 0, its copy on the
   // last, each first in its store (model::Transformer::holds_embedding_copy).
   embedding_copy_ = model::stages_share_embedding(config) && (stage_ == 0 || stage_ == stages_ - 1);
@@ -342,7 +352,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   sc.micro_batch_size = static_cast<std::uint64_t>(micro);
   sc.dp_rank = groups.data_rank;
   sc.dp_size = layout.data;
-  batches_ = std::make_unique<BatchSource>(train, sc, T);
+  batches_ = std::make_unique<data::BatchSource>(train, sc, T);
   auto& ps = model_->params();
   if (shared_)
     buckets_ = std::make_unique<GradBuckets>(*shared_, bucket_bytes, config.parallel.overlap);
@@ -373,21 +383,22 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
           : ".mlp.down_proj.weight";
   poison_offset_ =
       ps.spec(ps.index_of("model.layers." + std::to_string(last_block) + poisoned)).offset;
+  nonfinite_ = std::make_unique<NonFiniteNamer>(*groups.world, layout, logical_parameters());
+  ConsistencyChecker::Replicas replicas;
+  replicas.stage = stage_;
+  replicas.whole = full_layout_.get();
+  replicas.own_experts = expert_storage_;
+  replicas.own_experts_from = expert_first_tensor_;
+  replicas.any_stage_own_experts = any_expert_storage_;
+  replicas.shared_embedding = model::stages_share_embedding(config);
+  replicas.tied = config.model.tie_embeddings;
+  consistency_ = std::make_unique<ConsistencyChecker>(groups, layout, replicas);
   batch_.resize(static_cast<std::size_t>(layout.grad_accum_steps * micro * (T + 1)));
   tokens_.resize(static_cast<std::size_t>(micro * T));
   targets_.resize(tokens_.size());
 }
 
-Trainer::~Trainer() {
-  if (send_progress_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(send_mutex_);
-      send_stop_ = true;
-    }
-    send_cv_.notify_one();
-    send_progress_.join();
-  }
-}
+Trainer::~Trainer() = default;
 
 void Trainer::gather_state(float* data) const {
   comm::SharedSum& shared = *shared_update_;
@@ -520,7 +531,7 @@ StepStats Trainer::step() {
   // fp16 (docs/precision.md): the backward differentiates loss_scale x the mean loss of a
   // full micro-batch (what a GPU framework backpropagates, times the scale), so the fp16
   // activation gradients have their real magnitude; the optimizer's gradient scale undoes
-  // it. fp32 and bf16: the gradient of the loss sum, unscaled (1, exactly as before).
+  // it. fp32 and bf16: the gradient of the loss sum, unscaled (a scale of exactly 1).
   const float backward_scale =
       loss_scaling_ ? static_cast<float>(scaler_.scale() / static_cast<double>(micro * T)) : 1.0f;
   st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
@@ -533,14 +544,22 @@ StepStats Trainer::step() {
   if (tensor_parallel_) tensor_parallel_->reset_traffic();
   if (stages_ > 1) {
     // The embedding table's gradient (offset 0 on both ends) is the two ends' sum: its
-    // buckets wait for sum_embedding_copies() after the last backward.
+    // buckets wait for the sum of the copies after the last backward.
     const auto held = [&](std::size_t offset) { on_ready(std::max(offset, embedding_elements_)); };
-    pipeline_micro_batches(backward_scale,
-                           embedding_copy_ ? std::function<void(std::size_t)>(held)
-                                           : std::function<void(std::size_t)>(on_ready),
-                           loss_sum, mtp_sum, valid, st);
+    balancer_->begin_step(layout_.grad_accum_steps);
+    model_stage_->rows = batch_.data();
+    model_stage_->backward_scale = backward_scale;
+    const PipelineExecutor::Totals done = pipeline_->train(
+        *model_stage_, embedding_copy_ ? std::function<void(std::size_t)>(held)
+                                       : std::function<void(std::size_t)>(on_ready));
+    loss_sum = done.loss_sum;
+    valid = done.valid;
+    mtp_sum = done.mtp_loss_sum;
+    st.t_forward += done.forward_s;
+    st.t_backward += done.backward_s;
+    st.t_comm += done.comm_s;
     if (embedding_copy_) {
-      st.t_comm += sum_embedding_copies();
+      st.t_comm += pipeline_->sum_embedding_copies(ps.grads_data(), embedding_elements_);
       on_ready(0);
     }
   }
@@ -580,25 +599,34 @@ StepStats Trainer::step() {
   }
 
   // --- the global loss: mean over every target token of every rank (one all-reduce)
-  // ... and, in the same all-reduce, whether any rank was asked to stop (a signal).
-  // (With an MTP module, its loss sum as a fifth.)
-  double sums[5] = {loss_sum, static_cast<double>(valid), first_nonfinite_offset() >= 0 ? 1.0 : 0.0,
-                    runtime::stop_signal() != 0 ? 1.0 : 0.0, mtp_sum};
-  groups_.data->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
+  // ... and, in the same all-reduce, how many ranks had a non-finite gradient of their own
+  // and how many were asked to stop (a signal); with an MTP module, its loss sum too.
+  enum Sum : std::size_t { kLoss, kTokens, kNonfinite, kStop, kMtpLoss, kSums };
+  std::array<double, kSums> sums{};
+  sums[kLoss] = loss_sum;
+  sums[kTokens] = static_cast<double>(valid);
+  sums[kNonfinite] = first_nonfinite_offset() >= 0 ? 1.0 : 0.0;
+  sums[kStop] = runtime::stop_signal() != 0 ? 1.0 : 0.0;
+  sums[kMtpLoss] = mtp_sum;
+  const std::size_t reduced = model_->has_mtp() ? kSums : kMtpLoss;
+  groups_.data->allreduce(sums.data(), reduced, DType::f64, comm::ReduceOp::sum);
   // Stages: the losses are the last stage's (the others add +0, exact), the flags everyone's.
   if (stages_ > 1)
-    groups_.pipeline->allreduce(sums, model_->has_mtp() ? 5 : 4, DType::f64, comm::ReduceOp::sum);
+    groups_.pipeline->allreduce(sums.data(), reduced, DType::f64, comm::ReduceOp::sum);
   // Tensor slices: the loss is the same on each (the cross-entropy is over the group), the
   // flags are each rank's own (a slice's gradient may overflow alone).
-  if (tensor_ > 1) groups_.tensor->allreduce(sums + 2, 2, DType::f64, comm::ReduceOp::sum);
+  static_assert(kStop == kNonfinite + 1, "the tensor group sums the two flags in one call");
+  if (tensor_ > 1)
+    groups_.tensor->allreduce(sums.data() + kNonfinite, 2, DType::f64, comm::ReduceOp::sum);
   st.mtp = model_->has_mtp();
-  st.mtp_loss = mtp_tokens > 0.0 ? sums[4] / mtp_tokens : 0.0;
-  st.stop_ranks = static_cast<int>(sums[3]);
-  st.tokens = static_cast<std::int64_t>(sums[1]);
-  st.loss = st.tokens > 0 ? sums[0] / sums[1] : 0.0;
+  st.mtp_loss = mtp_tokens > 0.0 ? sums[kMtpLoss] / mtp_tokens : 0.0;
+  st.stop_ranks = static_cast<int>(sums[kStop]);
+  st.tokens = static_cast<std::int64_t>(sums[kTokens]);
+  st.loss = st.tokens > 0 ? sums[kLoss] / sums[kTokens] : 0.0;
   // Gradients of the mean: 1 / tokens; under fp16 also 1 / backward_scale (the unscale).
   const double scale =
-      st.tokens > 0 ? (loss_scaling_ ? 1.0 / sums[1] / backward_scale : 1.0 / sums[1]) : 0.0;
+      st.tokens > 0 ? (loss_scaling_ ? 1.0 / sums[kTokens] / backward_scale : 1.0 / sums[kTokens])
+                    : 0.0;
 
   // --- norm, non-finite policy, clipping, optimizer
   t0 = Clock::now();
@@ -669,10 +697,10 @@ StepStats Trainer::step() {
   }
   st.grad_norm = std::sqrt(sum_of_squares) * scale;
   st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
-  // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (sums[2], the
+  // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (the
   // per-rank 0/1 flags summed: > 0 exactly when their MAX is 1), or the sum overflowed
   // (the norm, identical on every rank). Every rank decides alike.
-  const bool nonfinite = !std::isfinite(st.grad_norm) || sums[2] > 0.0;
+  const bool nonfinite = !std::isfinite(st.grad_norm) || sums[kNonfinite] > 0.0;
   if (nonfinite && loss_scaling_) {
     // fp16 overflow: the normal event that tunes the loss scale, not a divergence (no
     // nan_policy). Skip the step: parameters, moments and the optimizer's step count stay
@@ -683,71 +711,24 @@ StepStats Trainer::step() {
     const double before = scaler_.scale();
     scaler_.update(true);
     std::ostringstream os;
-    os << "fp16 gradient overflow at step " << step_ + 1 << " (" << static_cast<int>(sums[2])
-       << " of " << layout_.data << " data ranks had a non-finite gradient): step skipped, loss "
+    os << "fp16 gradient overflow at step " << step_ + 1 << " ("
+       << static_cast<int>(sums[kNonfinite]) << " of " << layout_.data
+       << " data ranks had a non-finite gradient): step skipped, loss "
        << "scale " << before << " -> " << scaler_.scale();
     if (groups_.world->rank() == 0) log::warn(os.str());
-  } else if (nonfinite && (stages_ > 1 || tensor_ > 1)) {
-    const std::string where = name_nonfinite_across_stages();
-    std::ostringstream os;
-    os << "non-finite gradients at step " << step_ << ": " << where;
-    if (cfg_.debug.nan_policy == config::NanPolicy::abort)
-      throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
-    st.skipped = true;
-    ++skipped_;
   } else if (nonfinite) {
-    // Name the first rank whose own gradient was non-finite, and its first tensor.
-    std::int64_t first[2] = {first_nonfinite_offset() >= 0
-                                 ? groups_.world->rank()
-                                 : std::numeric_limits<std::int64_t>::max(),
-                             0};
-    groups_.data->allreduce(first, 1, DType::i64, comm::ReduceOp::min);
-    std::ostringstream os;
-    os << "non-finite gradients at step " << step_;
-    if (first[0] != std::numeric_limits<std::int64_t>::max()) {
-      // That rank names it: its tensor in the whole model's layout (expert parallelism:
-      // its own experts are not the other ranks'), and the element.
-      std::int64_t where[2] = {-1, -1};
-      if (groups_.world->rank() == first[0]) {
-        const auto offset = static_cast<std::size_t>(first_nonfinite_offset());
-        const auto i = tensor_at(ps, offset);
-        where[0] = static_cast<std::int64_t>(logical_parameters().index_of(ps.spec(i).name));
-        where[1] = static_cast<std::int64_t>(offset - ps.spec(i).offset);
-      }
-      groups_.data->allreduce(where, 2, DType::i64, comm::ReduceOp::max);
-      os << ": first on rank " << first[0] << ", tensor "
-         << logical_parameters().spec(static_cast<std::size_t>(where[0])).name << "[" << where[1]
-         << "]";
+    // The sums this rank holds: ZeRO over MPI its shards (of the replicated tensors and of
+    // its own experts), else the whole buffer.
+    std::vector<std::pair<std::size_t, std::size_t>> summed;
+    if (zero_mpi) {
+      summed.emplace_back(shard_first_, shard_last_);
+      if (expert_optimizer_) summed.emplace_back(expert_shard_first_, expert_shard_last_);
     } else {
-      // ZeRO over MPI: each rank scans the sums it holds; the lowest tensor over the ranks.
-      auto nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
-                         : first_nonfinite_grad(ctx_, ps);
-      if (zero_mpi && !expert_storage_) {
-        std::int64_t tensor = nf.found() ? nf.tensor : std::numeric_limits<std::int64_t>::max();
-        groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
-        nf.tensor = tensor == std::numeric_limits<std::int64_t>::max() ? -1 : tensor;
-      }
-      std::string name =
-          nf.found() ? ps.spec(static_cast<std::size_t>(nf.tensor)).name : std::string("?");
-      if (expert_storage_) {
-        // Each rank scans its own experts (ZeRO: its shard of the replicated tensors and
-        // of its experts): the lowest tensor of the whole model.
-        constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-        std::int64_t tensor =
-            nf.found() ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
-        const NonFinite own =
-            zero_mpi ? first_nonfinite_grad(ctx_, ps, expert_shard_first_, expert_shard_last_)
-                     : NonFinite{};
-        if (own.found())
-          tensor = std::min<std::int64_t>(tensor,
-                                          static_cast<std::int64_t>(full_layout_->index_of(
-                                              ps.spec(static_cast<std::size_t>(own.tensor)).name)));
-        groups_.data->allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
-        name = tensor == kNone ? std::string("?")
-                               : full_layout_->spec(static_cast<std::size_t>(tensor)).name;
-      }
-      os << ": no rank's own gradient was non-finite (the sum overflowed); first tensor " << name;
+      summed.emplace_back(0, ps.buffer_elements());
     }
+    std::ostringstream os;
+    os << "non-finite gradients at step " << step_ << ": "
+       << nonfinite_->name(ps, ctx_, first_nonfinite_offset(), summed);
     if (cfg_.debug.nan_policy == config::NanPolicy::abort)
       throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
     st.skipped = true;  // every rank decides alike: parameters and moments stay untouched
@@ -792,7 +773,7 @@ StepStats Trainer::step() {
       log::info(os.str());
     }
   }
-  if (moe_) balance_moe(st, aux_sum);
+  if (balancer_->active()) balance_moe(st, aux_sum);
   st.t_optimizer = since(t0) - gathered_s;
   st.t_comm += gathered_s;
   if (faults_.diverges_after(step_)) {  // the consistency check must see it
@@ -814,267 +795,9 @@ StepStats Trainer::step() {
   return st;
 }
 
-void Trainer::send_to(int stage, const tensor::Tensor& t, int tag) {
-  auto send = std::make_unique<PendingSend>();
-  const auto n = static_cast<std::size_t>(t.numel());
-  send->data.assign(t.ptr<float>(), t.ptr<float>() + n);
-  std::lock_guard<std::mutex> lock(send_mutex_);
-  send->request = groups_.pipeline->isend(send->data.data(), n, DType::f32, stage, tag);
-  sends_.push_back(std::move(send));
-  if (!send_progress_.joinable() && groups_.pipeline->concurrent_progress())
-    send_progress_ = std::thread([this] { poll_sends(); });
-  send_cv_.notify_one();
-}
-
-void Trainer::poll_sends() {
-  std::unique_lock<std::mutex> lock(send_mutex_);
-  while (!send_stop_) {
-    bool pending = false;
-    try {
-      for (auto& send : sends_)
-        if (!send->done) send->done = send->request.test();
-    } catch (const std::exception& e) {
-      // A failed test: the owner's wait meets the same request and reports it.
-      log::warn(std::string("pipeline: polling a send failed: ") + e.what());
-      return;
-    }
-    for (const auto& send : sends_)
-      pending = pending || !send->done;
-    if (!pending) {
-      send_cv_.wait(lock);
-      continue;
-    }
-    lock.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-    lock.lock();
-  }
-}
-
-double Trainer::receive_from(int stage, const tensor::Tensor& t, int tag) {
-  const auto t0 = Clock::now();
-  comm::Request r = groups_.pipeline->irecv(t.ptr<float>(), static_cast<std::size_t>(t.numel()),
-                                            DType::f32, stage, tag);
-  try {
-    r.wait();
-  } catch (const TimeoutError& e) {
-    // Name the stages and the peer's world rank: the group's rank alone is ambiguous
-    // beside data parallelism.
-    comm::RankCoords peer = comm::rank_coords(groups_.world->rank(), layout_);
-    peer.pipeline = stage;
-    // The tag: 2 (micro-batch x chunks + the receiving chunk) + direction.
-    const int unit = tag / 2;
-    throw TimeoutError(
-        "pipeline stage " + std::to_string(stage_) + " waiting for the " +
-        (tag % 2 == 0 ? "activations" : "activation gradients") + " of micro-batch " +
-        std::to_string(unit / chunks_ + 1) +
-        (chunks_ > 1 ? " (chunk " + std::to_string(unit % chunks_) + ")" : std::string()) +
-        " from stage " + std::to_string(stage) + " (world rank " +
-        std::to_string(comm::world_rank_of(peer, layout_)) + "): " + e.what());
-  }
-  return since(t0);
-}
-
-double Trainer::settle_sends(bool all) {
-  const auto t0 = Clock::now();
-  std::lock_guard<std::mutex> lock(send_mutex_);
-  for (auto& send : sends_) {
-    if (send->done) continue;
-    if (all)
-      send->request.wait();
-    else if (!send_progress_.joinable())
-      send->done = send->request.test();
-    send->done = send->done || all;
-  }
-  sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
-                              [](const std::unique_ptr<PendingSend>& p) { return p->done; }),
-               sends_.end());
-  return since(t0);
-}
-
-void Trainer::pipeline_micro_batches(float backward_scale,
-                                     const std::function<void(std::size_t)>& on_ready,
-                                     double& loss_sum, double& mtp_sum, std::int64_t& valid,
-                                     StepStats& st) {
-  const std::int64_t micro = cfg_.training.micro_batch_size;
-  const std::int64_t T = cfg_.data.seq_len;
-  const std::size_t sample_len = static_cast<std::size_t>(T + 1);
-  const std::int64_t m = layout_.grad_accum_steps;
-  double waited = 0.0;
-  // The balance loss of this stage's MoE blocks, micro-batch-major (blocks within).
-  const std::size_t own_blocks = moe_ ? stage_moe_blocks_[static_cast<std::size_t>(stage_)] : 0;
-  stage_aux_.assign(static_cast<std::size_t>(m) * own_blocks, 0.0);
-  // Virtual stage c x P + p runs chunk c of rank p (one chunk under 1F1B): a chunk's
-  // input comes from the previous virtual stage (rank p - 1's chunk c, or rank P - 1's
-  // chunk c - 1 on rank 0), its output goes to the next. A message's tag names the
-  // receiving chunk's micro-batch and direction.
-  const int V = chunks_, P = stages_;
-  const int previous = (stage_ + P - 1) % P, next = (stage_ + 1) % P;
-  const auto tag_of = [&](std::int64_t mb, int chunk, bool backward) {
-    return static_cast<int>(2 * (mb * V + chunk)) + (backward ? 1 : 0);
-  };
-  const auto label = [&](const model::PipeOp& op) {
-    return std::to_string(op.micro + 1) + "/" + std::to_string(m) +
-           (V > 1 ? " (chunk " + std::to_string(op.chunk) + ")" : std::string());
-  };
-  for (const model::PipeOp& op : model::interleaved(P, stage_, V, m)) {
-    const std::size_t record = model_->record(op.chunk, op.micro);
-    const bool first = stage_ == 0 && op.chunk == 0;
-    const bool last = stage_ == P - 1 && op.chunk == V - 1;
-    // The neighbouring chunks: the previous virtual stage's is chunk - 1 on rank P - 1 when
-    // this is rank 0, the next one's chunk + 1 on rank 0 when this is rank P - 1.
-    const int previous_chunk = stage_ == 0 ? op.chunk - 1 : op.chunk;
-    const int next_chunk = stage_ == P - 1 ? op.chunk + 1 : op.chunk;
-    if (op.kind == model::PipeOp::Kind::forward) {
-      core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
-                              ": forward of micro-batch " + label(op));
-      const std::int32_t* mb =
-          batch_.data() + static_cast<std::size_t>(op.micro * micro) * sample_len;
-      split_rows(mb, micro, T, tokens_.data(), targets_.data());
-      if (!first)
-        waited +=
-            receive_from(previous, model_->stage_input(record), tag_of(op.micro, op.chunk, false));
-      std::int64_t v = 0;
-      loss_sum +=
-          model_->stage_forward(record, tokens_.data(), targets_.data(), backward_scale, true, &v);
-      valid += v;
-      if (last) mtp_sum += model_->last_mtp_loss();
-      if (own_blocks > 0) {
-        const std::vector<double> terms = model_->last_aux_losses();
-        std::copy(terms.begin(), terms.end(),
-                  stage_aux_.begin() + static_cast<std::ptrdiff_t>(
-                                           static_cast<std::size_t>(op.micro) * own_blocks +
-                                           chunk_moe_offset_[static_cast<std::size_t>(op.chunk)]));
-      }
-      st.t_forward += model_->last_forward_seconds();
-      if (!last) send_to(next, model_->stage_output(record), tag_of(op.micro, next_chunk, false));
-    } else {
-      core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
-                              ": backward of micro-batch " + label(op));
-      if (!last)
-        waited += receive_from(next, model_->stage_gradient(), tag_of(op.micro, op.chunk, true));
-      // The gradient buckets start during the last micro-batch's backward of each chunk
-      // (the chunks' parameters lie in the flat buffer in the order their backwards end).
-      model_->stage_backward(record,
-                             op.micro + 1 == m ? on_ready : std::function<void(std::size_t)>());
-      st.t_backward += model_->last_backward_seconds();
-      if (!first)
-        send_to(previous, model_->stage_gradient(), tag_of(op.micro, previous_chunk, true));
-    }
-    settle_sends(false);
-  }
-  waited += settle_sends(true);
-  st.t_comm += waited;
-}
-
 bool Trainer::is_embedding_copy(int s, const std::string& name) const {
   return s > 0 && s == stages_ - 1 && model::stages_share_embedding(cfg_) &&
          name == model::kEmbeddingTableName;
-}
-
-double Trainer::sum_embedding_copies() {
-  const auto t0 = Clock::now();
-  const int peer = stage_ == 0 ? stages_ - 1 : 0;
-  float* grads = model_->params().grads_data();
-  const std::size_t n = embedding_elements_;
-  std::vector<float> theirs(n);
-  // A tag after every micro-batch's (pipeline_micro_batches: 2 (micro x chunks + chunk) + 1).
-  const int tag = static_cast<int>(2 * layout_.grad_accum_steps * chunks_ + 2);
-  core::FlightScope scope("pipeline stage " + std::to_string(stage_) +
-                          ": summing the embedding table's gradient with stage " +
-                          std::to_string(peer));
-  comm::Request recv = groups_.pipeline->irecv(theirs.data(), n, DType::f32, peer, tag);
-  comm::Request send = groups_.pipeline->isend(grads, n, DType::f32, peer, tag);
-  try {
-    recv.wait();
-    send.wait();
-  } catch (const TimeoutError& e) {
-    comm::RankCoords other = comm::rank_coords(groups_.world->rank(), layout_);
-    other.pipeline = peer;
-    throw TimeoutError("pipeline stage " + std::to_string(stage_) +
-                       " exchanging the embedding table's gradient (tied embeddings or the MTP "
-                       "module) with stage " +
-                       std::to_string(peer) + " (world rank " +
-                       std::to_string(comm::world_rank_of(other, layout_)) + "): " + e.what());
-  }
-  // a + b == b + a in IEEE arithmetic: both ends hold the same bits.
-  for (std::size_t i = 0; i < n; ++i)
-    grads[i] += theirs[i];
-  return since(t0);
-}
-
-double Trainer::pipeline_aux_sum() {
-  // Every stage's terms (one all-gather over the pipeline group), added as a one-stage run
-  // adds them: per micro-batch the blocks' in the model's order from 0, then that sum.
-  const std::int64_t m = layout_.grad_accum_steps;
-  std::vector<std::size_t> counts, starts;
-  std::size_t total = 0;
-  for (const std::size_t n : stage_moe_blocks_) {
-    starts.push_back(total);
-    counts.push_back(static_cast<std::size_t>(m) * n);
-    total += counts.back();
-  }
-  std::vector<double> all(total, 0.0);
-  std::copy(stage_aux_.begin(), stage_aux_.end(),
-            all.begin() + static_cast<std::ptrdiff_t>(starts[static_cast<std::size_t>(stage_)]));
-  groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
-  double aux_sum = 0.0;
-  std::vector<double> terms(moe_order_.size());
-  for (std::int64_t mb = 0; mb < m; ++mb) {
-    std::size_t j = 0;  // the stages' blocks in turn, each put at its place in the model
-    for (std::size_t s = 0; s < stage_moe_blocks_.size(); ++s)
-      for (std::size_t b = 0; b < stage_moe_blocks_[s]; ++b)
-        terms[moe_order_[j++]] =
-            all[starts[s] + static_cast<std::size_t>(mb) * stage_moe_blocks_[s] + b];
-    double sum = 0.0;
-    for (const double t : terms)
-      sum += t;
-    aux_sum += sum;
-  }
-  return aux_sum;
-}
-
-std::string Trainer::name_nonfinite_across_stages() {
-  comm::Communicator& world = *groups_.world;
-  const auto& ps = model_->params();
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  // (The own experts' buckets too, with per-rank experts on stages.)
-  std::int64_t first = first_nonfinite_offset() >= 0 ? world.rank() : kNone;
-  world.allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
-  std::ostringstream os;
-  if (first != kNone) {
-    // The owner names its tensor as the whole model's index and the element within it.
-    std::int64_t where[2] = {-1, -1};
-    if (world.rank() == first) {
-      const auto offset = static_cast<std::size_t>(first_nonfinite_offset());
-      const std::size_t i = tensor_at(ps, offset);
-      where[0] = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
-      // (A tensor slice's element by its index in the whole tensor.)
-      where[1] =
-          static_cast<std::int64_t>(model::logical_index(ps.spec(i), offset - ps.spec(i).offset));
-    }
-    world.allreduce(where, 2, DType::i64, comm::ReduceOp::max);
-    const comm::RankCoords at = comm::rank_coords(static_cast<int>(first), layout_);
-    os << "first on rank " << first << " ("
-       << (stages_ > 1 ? "pipeline stage " + std::to_string(at.pipeline) : std::string())
-       << (stages_ > 1 && tensor_ > 1 ? ", " : "")
-       << (tensor_ > 1 ? "tensor slice " + std::to_string(at.tensor) : std::string())
-       << "), tensor " << full_layout_->spec(static_cast<std::size_t>(where[0])).name << "["
-       << where[1] << "]";
-  } else {
-    // The sums overflowed: each stage scans its own (ZeRO: its shard), the lowest tensor
-    // of the whole model over every rank.
-    const bool zero_mpi = zero_stage_ > 0 && !shared_;
-    const NonFinite nf = zero_mpi ? first_nonfinite_grad(ctx_, ps, shard_first_, shard_last_)
-                                  : first_nonfinite_grad(ctx_, ps);
-    std::int64_t tensor = nf.found() ? static_cast<std::int64_t>(full_layout_->index_of(
-                                           ps.spec(static_cast<std::size_t>(nf.tensor)).name))
-                                     : kNone;
-    world.allreduce(&tensor, 1, DType::i64, comm::ReduceOp::min);
-    os << "no rank's own gradient was non-finite (the sum overflowed); first tensor "
-       << (tensor != kNone ? full_layout_->spec(static_cast<std::size_t>(tensor)).name
-                           : std::string("?"));
-  }
-  return os.str();
 }
 
 void Trainer::arm_alltoallv_hang() {
@@ -1099,90 +822,15 @@ void Trainer::move_moe_bias(const std::vector<double>& loads) {
 }
 
 void Trainer::balance_moe(StepStats& st, double aux_sum) {
-  // Stages: the whole model's balance loss from every stage's terms.
-  if (stages_ > 1) aux_sum = pipeline_aux_sum();
-  // Loads of every MoE block and this rank's balance loss, summed over the data group:
-  // every rank then moves the biases alike (counts are exact in double).
-  std::vector<double> sums = model_->moe_loads();
-  sums.push_back(model_->moe_dropped());  // the capacity's dropped rows
-  sums.push_back(aux_sum);
-  groups_.data->allreduce(sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum);
-  st.aux_loss = sums.back() / static_cast<double>(layout_.global_batch_size);
-  sums.pop_back();
-  st.moe_dropped = sums.back();
-  sums.pop_back();
+  const MoeBalancer::Sums sums =
+      balancer_->reduce(model_->moe_loads(), model_->moe_dropped(), aux_sum);
   model_->reset_moe_loads();
   // The bias follows the optimizer: a skipped step moves nothing.
-  if (!st.skipped) move_moe_bias(sums);
-  std::vector<float> bias = model_->moe_bias();
-  const std::int64_t E = cfg_.model.n_routed_experts;
-  std::int64_t blocks = model_->moe_blocks();
-  if (stages_ > 1) {
-    // The metrics cover the whole model: every stage's loads and biases in block order
-    // (all-gathers over the pipeline group), the dropped rows summed (exact counts).
-    std::vector<std::size_t> counts;
-    std::size_t at = 0, total = 0;
-    for (std::size_t s = 0; s < stage_moe_blocks_.size(); ++s) {
-      counts.push_back(stage_moe_blocks_[s] * static_cast<std::size_t>(E));
-      if (static_cast<int>(s) < stage_) at += counts.back();
-      total += counts.back();
-    }
-    std::vector<double> loads(total, 0.0);
-    std::vector<float> biases(total, 0.0f);
-    std::copy(sums.begin(), sums.end(), loads.begin() + static_cast<std::ptrdiff_t>(at));
-    std::copy(bias.begin(), bias.end(), biases.begin() + static_cast<std::ptrdiff_t>(at));
-    groups_.pipeline->iallgather_blocks(loads.data(), counts, DType::f64).wait();
-    groups_.pipeline->iallgather_blocks(biases.data(), counts, DType::f32).wait();
-    groups_.pipeline->allreduce(&st.moe_dropped, 1, DType::f64, comm::ReduceOp::sum);
-    // In the model's block order (the stages' in turn under 1F1B, not with chunks).
-    sums.assign(total, 0.0);
-    bias.assign(total, 0.0f);
-    const auto e = static_cast<std::size_t>(E);
-    for (std::size_t j = 0; j < moe_order_.size(); ++j)
-      for (std::size_t x = 0; x < e; ++x) {
-        sums[moe_order_[j] * e + x] = loads[j * e + x];
-        bias[moe_order_[j] * e + x] = biases[j * e + x];
-      }
-    blocks = static_cast<std::int64_t>(total) / E;
-  }
-  idle_steps_.resize(sums.size(), 0);
-  // Tokens that reach the MoE blocks: each routes to num_experts_per_tok experts.
-  const double tokens =
-      static_cast<double>(layout_.global_batch_size) * static_cast<double>(cfg_.data.seq_len);
-  st.moe_capacity = cfg_.model.moe.capacity_factor > 0.0;
-  st.moe_dropped_fraction =
-      st.moe_dropped / (tokens * static_cast<double>(cfg_.model.num_experts_per_tok * blocks));
-  // DeepSeek-V3's "no token dropping" assumes every expert keeps receiving tokens; an
-  // expert idle for this many steps in a row is worth a warning (once, as it crosses).
-  constexpr std::int64_t kIdleWarnSteps = 100;
-  st.moe.assign(static_cast<std::size_t>(blocks), MoeBalance{});
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    MoeBalance& m = st.moe[static_cast<std::size_t>(b)];
-    const auto first = static_cast<std::size_t>(b * E);
-    double total = 0.0, busiest = 0.0;
-    m.bias_min = m.bias_max = bias[first];
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::size_t i = first + static_cast<std::size_t>(e);
-      total += sums[i];
-      busiest = std::max(busiest, sums[i]);
-      m.bias_min = std::min(m.bias_min, static_cast<double>(bias[i]));
-      m.bias_max = std::max(m.bias_max, static_cast<double>(bias[i]));
-      if (sums[i] > 0.0) {
-        idle_steps_[i] = 0;
-        continue;
-      }
-      ++m.idle_experts;
-      if (++idle_steps_[i] == kIdleWarnSteps && groups_.world->rank() == 0)
-        log::warn("MoE block " + std::to_string(b) + " expert " + std::to_string(e) +
-                  " has received no token for " + std::to_string(kIdleWarnSteps) + " steps (step " +
-                  std::to_string(step_ + 1) + ")");
-    }
-    m.max_over_mean = total > 0.0 ? busiest / (total / static_cast<double>(E)) : 0.0;
-    m.busiest_fraction = tokens > 0.0 ? busiest / tokens : 0.0;
-  }
+  if (!st.skipped) move_moe_bias(sums.loads);
+  balancer_->report(sums, model_->moe_bias(), st, step_);
 }
 
-std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64_t batches) {
+std::pair<double, std::int64_t> Trainer::evaluate(data::SampleStore& store, std::int64_t batches) {
   const std::int64_t micro = cfg_.training.micro_batch_size;
   const std::int64_t T = cfg_.data.seq_len;
   const std::uint64_t n = store.num_samples();
@@ -1197,20 +845,8 @@ std::pair<double, std::int64_t> Trainer::evaluate(SampleStore& store, std::int64
     split_rows(buf.data(), micro, T, tokens_.data(), targets_.data());
     std::int64_t v = 0;
     if (stages_ > 1) {
-      // Forward through the stages (each rank's chunks in turn: virtual stage c P + p
-      // receives from the one before it, as in training); the last one's loss.
-      const int P = stages_;
-      for (int c = 0; c < chunks_; ++c) {
-        const std::size_t record = model_->record(c, 0);
-        const auto tag = [&](int chunk) { return static_cast<int>(2 * (b * chunks_ + chunk)); };
-        if (stage_ > 0 || c > 0)
-          receive_from((stage_ + P - 1) % P, model_->stage_input(record), tag(c));
-        sums[0] += model_->stage_forward(record, tokens_.data(), targets_.data(), 1.0f, false, &v);
-        if (stage_ < P - 1 || c < chunks_ - 1) {
-          send_to((stage_ + 1) % P, model_->stage_output(record), tag(stage_ == P - 1 ? c + 1 : c));
-          settle_sends(true);
-        }
-      }
+      model_stage_->rows = nullptr;
+      sums[0] += pipeline_->evaluate(*model_stage_, b, v);
     } else {
       sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);
     }
@@ -1547,176 +1183,8 @@ Trainer::WorkSpread Trainer::work_spread(const std::vector<double>& work_s,
                     step_spread(work_s, comm_s, max_work, min_work)};
 }
 
-void Trainer::check_replicated_across_slices(const std::vector<std::uint64_t>& mine) {
-  // The tensors every slice holds whole (the norms) must be equal across the tensor group:
-  // each slice computes their gradients from the same whole activations; so must a slice
-  // shared by several ranks (key/value heads, tp_replicas > 1) across its holders. The
-  // lowest tensor of the whole model that differs in any group, and the world ranks whose
-  // copy differs from their group's reference there (slice 0, or the shared slice's first
-  // holder; two all-reduces over every rank, so that every rank stops alike).
-  const auto& ps = model_->params();
-  const std::size_t P = ps.size();
-  const auto T = static_cast<std::size_t>(tensor_);
-  // The tensor rank whose copy of tensor i rank r's must equal (r itself: not shared).
-  const auto reference_of = [&](std::size_t i, std::size_t r) {
-    if (ps.spec(i).split == model::Split::replicated) return std::size_t{0};
-    return r - r % static_cast<std::size_t>(ps.spec(i).tp_replicas);
-  };
-  std::vector<std::uint64_t> all(P * T);
-  groups_.tensor->allgather(mine.data(), all.data(), P, DType::u64);
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  std::int64_t first = kNone;
-  for (std::size_t i = 0; i < P && first == kNone; ++i) {
-    for (std::size_t r = 1; r < T; ++r)
-      if (all[r * P + i] != all[reference_of(i, r) * P + i])
-        first = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(i).name));
-  }
-  groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
-  if (first == kNone) return;
-  const std::string name = full_layout_->spec(static_cast<std::size_t>(first)).name;
-  std::vector<std::int64_t> differs(static_cast<std::size_t>(groups_.world->size()), 0);
-  std::int64_t reference = kNone;  // the world rank of slice 0 in the lowest such group
-  if (groups_.tensor_rank == 0) {
-    std::size_t i = P;
-    for (std::size_t k = 0; k < P; ++k)
-      if (ps.spec(k).name == name) i = k;
-    for (std::size_t r = 1; i < P && r < T; ++r)
-      if (all[r * P + i] != all[reference_of(i, r) * P + i]) {
-        differs[static_cast<std::size_t>(groups_.world->rank()) + r] = 1;
-        if (reference == kNone)
-          reference = groups_.world->rank() + static_cast<std::int64_t>(reference_of(i, r));
-      }
-  }
-  groups_.world->allreduce(differs.data(), differs.size(), DType::i64, comm::ReduceOp::max);
-  groups_.world->allreduce(&reference, 1, DType::i64, comm::ReduceOp::min);
-  std::ostringstream os;
-  os << "parameters differ between the tensor slices at step " << step_ << ": tensor " << name
-     << (full_layout_->spec(static_cast<std::size_t>(first)).split == model::Split::replicated
-             ? " (held whole by every slice)"
-             : " (a slice shared by several tensor ranks)")
-     << " differs from rank " << reference << "'s on rank";
-  for (std::size_t r = 0; r < differs.size(); ++r)
-    if (differs[r] != 0) os << " " << r;
-  throw CollectiveError(os.str(), kExitDiverged);
-}
-
 void Trainer::check_consistency() {
-  const auto& ps = model_->params();
-  const std::size_t P = ps.size();
-  std::vector<std::uint64_t> mine(P);
-  std::vector<float> host;  // a device's parameters, one tensor at a time
-  for (std::size_t i = 0; i < P; ++i) {
-    const tensor::Tensor t = ps.param(i);
-    const float* p = t.ptr<float>();
-    if (tensor::device_of(ctx_) != tensor::Device::host) {
-      host.resize(static_cast<std::size_t>(t.numel()));
-      tensor::download(ctx_, t, host.data());
-      p = host.data();
-    }
-    mine[i] = fingerprint(p, static_cast<std::size_t>(t.numel()));
-  }
-  if (tensor_ > 1) check_replicated_across_slices(mine);
-  // Stages and tensor slices hold different tensors: the replicas of a stage's slice are
-  // its data group.
-  const bool split = stages_ > 1 || tensor_ > 1;
-  comm::Communicator& group = split ? *groups_.data : *groups_.world;
-  // Expert parallelism: the own experts' replicas are the expert-data group (compared
-  // after the rest, over the world, holds).
-  const std::vector<std::uint64_t> prints = mine;
-  if (expert_storage_)
-    for (std::size_t i = expert_first_tensor_; i < P; ++i)
-      mine[i] = 0;
-  const int n = group.size();
-  std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
-  group.allgather(mine.data(), all.data(), P, DType::u64);
-  // The first tensor that differs within this rank's group, and the ranks that differ.
-  std::size_t bad = P;
-  std::vector<int> differ;
-  for (std::size_t i = 0; i < P && bad == P; ++i) {
-    for (int r = 1; r < n; ++r)
-      if (all[static_cast<std::size_t>(r) * P + i] != all[i]) differ.push_back(r);
-    if (!differ.empty()) bad = i;
-  }
-  std::string name = bad < P ? ps.spec(bad).name : std::string();
-  int stage = stage_, slice = groups_.tensor_rank;
-  if (split) {
-    // Every rank must stop alike, also the stages whose replicas agree: the lowest tensor
-    // of the whole model that differs, and its stage's differing data ranks (one
-    // all-reduce each over every rank).
-    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-    std::int64_t first = bad < P ? static_cast<std::int64_t>(full_layout_->index_of(name)) : kNone;
-    groups_.world->allreduce(&first, 1, DType::i64, comm::ReduceOp::min);
-    if (first == kNone) {
-      if (any_expert_storage_) check_expert_consistency(prints);  // every stage's experts
-      if (model::stages_share_embedding(cfg_)) check_embedding_copies(prints);
-      return;
-    }
-    name = full_layout_->spec(static_cast<std::size_t>(first)).name;
-    // (The lowest tensor slice whose replicas differ there: ranks[1] holds minus its rank.)
-    std::vector<std::int64_t> ranks(static_cast<std::size_t>(n) + 2, 0);
-    ranks[1] = -std::numeric_limits<std::int64_t>::max();
-    const bool holds = bad < P && name == ps.spec(bad).name;
-    if (holds) {
-      ranks[0] = stage_;
-      ranks[1] = -groups_.tensor_rank;
-    }
-    groups_.world->allreduce(ranks.data(), 2, DType::i64, comm::ReduceOp::max);
-    if (holds && ranks[0] == stage_ && -ranks[1] == groups_.tensor_rank)
-      for (const int r : differ)
-        ranks[static_cast<std::size_t>(r) + 2] = 1;
-    groups_.world->allreduce(ranks.data() + 2, static_cast<std::size_t>(n), DType::i64,
-                             comm::ReduceOp::max);
-    stage = static_cast<int>(ranks[0]);
-    slice = static_cast<int>(-ranks[1]);
-    differ.clear();
-    for (int r = 1; r < n; ++r)
-      if (ranks[static_cast<std::size_t>(r) + 2] != 0) differ.push_back(r);
-  } else if (bad == P) {
-    if (expert_storage_) check_expert_consistency(prints);
-    return;
-  }
-  const auto world_rank = [&](int r) {
-    if (!split) return r;
-    comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
-    c.data = r;
-    c.pipeline = stage;
-    c.tensor = slice;
-    return comm::world_rank_of(c, layout_);
-  };
-  std::ostringstream os;
-  os << "parameters differ between ranks at step " << step_ << ": first tensor " << name
-     << " differs from rank " << world_rank(0) << "'s on rank";
-  for (const int r : differ)
-    os << " " << world_rank(r);
-  throw CollectiveError(os.str(), kExitDiverged);
-}
-
-void Trainer::check_embedding_copies(const std::vector<std::uint64_t>& prints) {
-  const auto& ps = model_->params();
-  std::uint64_t mine =
-      embedding_copy_ ? prints[ps.index_of(model::kEmbeddingTableName)] : std::uint64_t{0};
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(stages_));
-  groups_.pipeline->allgather(&mine, all.data(), 1, DType::u64);
-  // This pipeline group's two ends, when their tables differ: (last end's world rank) x
-  // world + (first end's), the highest over the world (every rank stops alike).
-  comm::RankCoords c = comm::rank_coords(groups_.world->rank(), layout_);
-  const std::int64_t world = groups_.world->size();
-  std::int64_t bad = -1;
-  if (all.front() != all.back()) {
-    c.pipeline = stages_ - 1;
-    bad = comm::world_rank_of(c, layout_) * world;
-    c.pipeline = 0;
-    bad += comm::world_rank_of(c, layout_);
-  }
-  groups_.world->allreduce(&bad, 1, DType::i64, comm::ReduceOp::max);
-  if (bad < 0) return;
-  std::ostringstream os;
-  os << "parameters differ between ranks at step " << step_ << ": the copy of "
-     << model::kEmbeddingTableName << " on rank " << bad / world << " (pipeline stage "
-     << stages_ - 1 << ", read by "
-     << (cfg_.model.tie_embeddings ? "the tied head" : "the MTP module")
-     << ") differs from the table on rank " << bad % world << " (stage 0)";
-  throw CollectiveError(os.str(), kExitDiverged);
+  consistency_->check(model_->params(), ctx_, step_);
 }
 
 // --- expert parallelism's storage (parallel.expert > 1; layers/moe_dispatch.hpp) ----------
@@ -1767,49 +1235,6 @@ int Trainer::expert_owner(const std::string& name) const {
   if (!expert_storage_ || at == std::string::npos) return -1;
   const std::int64_t id = std::stoll(name.substr(at + kExperts.size()));
   return static_cast<int>(id / (cfg_.model.n_routed_experts / layout_.expert));
-}
-
-void Trainer::check_expert_consistency(const std::vector<std::uint64_t>& mine) {
-  const auto& ps = model_->params();
-  comm::Communicator& group = *groups_.expert_data;
-  // (A stage storing no own experts takes part with none.)
-  const std::size_t first = expert_storage_ ? expert_first_tensor_ : ps.size();
-  const std::size_t P = ps.size() - first;
-  const int n = group.size();
-  std::vector<std::uint64_t> all(P * static_cast<std::size_t>(n));
-  group.allgather(mine.data() + first, all.data(), P, DType::u64);
-  std::vector<std::int64_t> world_of(static_cast<std::size_t>(n));
-  const std::int64_t me = groups_.world->rank();
-  group.allgather(&me, world_of.data(), 1, DType::i64);
-  // The lowest tensor of the whole model whose replicas differ, over every expert slot.
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  std::int64_t bad = kNone;
-  std::vector<int> differ;
-  for (std::size_t i = 0; i < P && bad == kNone; ++i) {
-    for (int r = 1; r < n; ++r)
-      if (all[static_cast<std::size_t>(r) * P + i] != all[i]) differ.push_back(r);
-    if (!differ.empty())
-      bad = static_cast<std::int64_t>(full_layout_->index_of(ps.spec(first + i).name));
-  }
-  std::int64_t lowest = bad;
-  groups_.world->allreduce(&lowest, 1, DType::i64, comm::ReduceOp::min);
-  if (lowest == kNone) return;
-  // Its slot's ranks: 2 for the reference (the slot's lowest data rank), 1 for those differing.
-  std::vector<std::int64_t> ranks(static_cast<std::size_t>(groups_.world->size()), 0);
-  if (bad == lowest) {
-    ranks[static_cast<std::size_t>(world_of[0])] = 2;
-    for (const int r : differ)
-      ranks[static_cast<std::size_t>(world_of[static_cast<std::size_t>(r)])] = 1;
-  }
-  groups_.world->allreduce(ranks.data(), ranks.size(), DType::i64, comm::ReduceOp::max);
-  std::ostringstream os;
-  os << "parameters differ between ranks at step " << step_ << ": first tensor "
-     << full_layout_->spec(static_cast<std::size_t>(lowest)).name;
-  for (std::size_t r = 0; r < ranks.size(); ++r)
-    if (ranks[r] == 2) os << " differs from rank " << r << "'s on rank";
-  for (std::size_t r = 0; r < ranks.size(); ++r)
-    if (ranks[r] == 1) os << " " << r;
-  throw CollectiveError(os.str(), kExitDiverged);
 }
 
 }  // namespace dst::train

@@ -7,85 +7,36 @@
 /// all-reduce, the gradient norm, the non-finite policy, clipping, AdamW at the
 /// schedule's learning rate.
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
+#include "data/sample_store.hpp"
 #include "model/dense_model.hpp"
 #include "model/layers/moe_dispatch.hpp"
 #include "model/layers/tensor_parallel.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/startup_watchdog.hpp"
 #include "tensor/context.hpp"
+#include "train/consistency.hpp"
 #include "train/faults.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/grad_norm.hpp"
 #include "train/loss_scaler.hpp"
+#include "train/moe_balancer.hpp"
+#include "train/nonfinite.hpp"
 #include "train/optimizer.hpp"
-#include "train/sample_store.hpp"
+#include "train/pipeline_executor.hpp"
+#include "train/step_stats.hpp"
 #include "train/zero_shards.hpp"
 
 namespace dst::train {
-
-/// One MoE block's load balance over a step's global batch (DeepSeekMoE models).
-struct MoeBalance {
-  double max_over_mean = 0.0;             ///< busiest expert's tokens / the mean over experts
-  double busiest_fraction = 0.0;          ///< fraction of the batch's tokens the busiest expert got
-  std::int64_t idle_experts = 0;          ///< experts that got no token this step
-  double bias_min = 0.0, bias_max = 0.0;  ///< the correction bias's range after the step
-};
-
-/// What one optimizer step did (identical on every rank).
-struct StepStats {
-  std::int64_t step = 0;
-  double loss = 0.0;        ///< mean over every target token of the global batch
-  std::int64_t tokens = 0;  ///< target tokens in the global batch (ignored excluded)
-  double grad_norm = 0.0;   ///< of the mean-loss gradient, before clipping
-  double lr = 0.0;
-  bool skipped = false;     ///< non-finite gradients and debug.nan_policy = skip, or fp16 overflow
-  bool overflow = false;    ///< fp16: the gradients overflowed (skipped, the loss scale halved)
-  double loss_scale = 0.0;  ///< fp16: the loss scale this step's backward used; 0 otherwise
-  int stop_ranks = 0;       ///< ranks that had received a stop signal (runtime/signals.hpp)
-  double seconds = 0.0;     ///< wall time of the step
-  /// DeepSeekMoE: the sequence-wise balance loss, mean over the global batch's sequences,
-  /// summed over the MoE blocks (not part of `loss`), and each MoE block's balance. Empty
-  /// and 0 for a dense model.
-  double aux_loss = 0.0;
-  std::vector<MoeBalance> moe;
-  /// model.moe.capacity_factor > 0: `moe_capacity` true, the (token, slot) rows the experts'
-  /// capacity dropped over the global batch and the MoE blocks, and their fraction of the
-  /// rows routed (tokens x top-k x MoE blocks).
-  bool moe_capacity = false;
-  double moe_dropped = 0.0, moe_dropped_fraction = 0.0;
-  /// Multi-token prediction (model.mtp_depth 1): `mtp` true and `mtp_loss` the MTP module's
-  /// loss, mean over the global batch's valid t+2 targets (not part of `loss`; the
-  /// gradient is that of loss + model.mtp_loss_weight x mtp_loss).
-  bool mtp = false;
-  double mtp_loss = 0.0;
-  // phase timers (this rank, seconds)
-  double t_data = 0.0, t_forward = 0.0, t_backward = 0.0, t_comm = 0.0, t_optimizer = 0.0;
-  /// Expert parallelism (parallel.expert > 1; all 0 otherwise): this rank's time in the MoE
-  /// layers' all-to-alls (part of t_forward and t_backward), the bytes it sent and received
-  /// in them, and the (token, slot) rows the experts of each data rank computed, highest
-  /// and mean over the data group (summed over the MoE blocks and micro-batches).
-  double t_alltoall = 0.0;
-  double alltoall_bytes = 0.0;
-  double expert_rows_max = 0.0, expert_rows_mean = 0.0;
-  /// Tensor parallelism (parallel.tensor > 1; 0 otherwise): this rank's time in the layers'
-  /// all-reduces over the tensor group (part of t_forward and t_backward), and the bytes
-  /// they reduced.
-  double t_tensor = 0.0;
-  double tensor_bytes = 0.0;
-};
 
 /// Step by step, how far the ranks' work (data + forward + backward) lay apart, and how
 /// much of one rank's exposed communication was waiting for a slower rank's work rather
@@ -103,13 +54,6 @@ struct StepSpread {
 /// highest and lowest work over the ranks (vectors of one length; empty gives zeros).
 StepSpread step_spread(const std::vector<double>& own_work, const std::vector<double>& own_comm,
                        const std::vector<double>& max_work, const std::vector<double>& min_work);
-
-/// Raised (on every rank) when gradients are non-finite and debug.nan_policy is abort;
-/// the first rank that had one has already printed the message.
-class NonFiniteGradients : public Error {
- public:
-  using Error::Error;
-};
 
 class Trainer {
  public:
@@ -140,9 +84,9 @@ class Trainer {
   /// A trainer over `train`'s samples (the store must outlive it); collective over the
   /// process groups.
   Trainer(const config::RunConfig& config, const config::Layout& layout,
-          comm::ProcessGroups& groups, SampleStore& train, Options options);
+          comm::ProcessGroups& groups, data::SampleStore& train, Options options);
   Trainer(const config::RunConfig& config, const config::Layout& layout,
-          comm::ProcessGroups& groups, SampleStore& train)
+          comm::ProcessGroups& groups, data::SampleStore& train)
       : Trainer(config, layout, groups, train, Options{}) {}
   ~Trainer();
 
@@ -152,7 +96,7 @@ class Trainer {
   StepStats step();
   /// Mean loss over `batches` micro-batches per data rank of `store` (samples in order,
   /// wrapping around), across all ranks. Returns {mean loss, tokens}.
-  std::pair<double, std::int64_t> evaluate(SampleStore& store, std::int64_t batches);
+  std::pair<double, std::int64_t> evaluate(data::SampleStore& store, std::int64_t batches);
   /// Hashes the parameters on every rank and compares: throws dst::Error naming the first
   /// tensor that differs and the ranks, if any does.
   void check_consistency();
@@ -218,7 +162,7 @@ class Trainer {
   const tensor::ExecContext& context() const { return ctx_; }
   /// The training order: the run's one sampler (through the batch source).
   const data::Sampler& sampler() const { return batches_->sampler(); }
-  /// Reads the training samples ahead for at most `steps` more steps (BatchSource).
+  /// Reads the training samples ahead for at most `steps` more steps (data::BatchSource).
   void read_ahead(std::int64_t steps) { batches_->read_ahead(steps); }
   /// The deck's fault injection as it applies to this rank.
   const Faults& faults() const { return faults_; }
@@ -257,12 +201,10 @@ class Trainer {
   /// parallel.tensor > 1: this rank's tensor group, which the layers reduce over.
   int tensor_ = 1;
   std::unique_ptr<model::TensorParallel> tensor_parallel_;
-  /// check_consistency() with tensor slices: the tensors every slice holds whole (the
-  /// norms; `mine`: this rank's fingerprints in its store's order) compared across the
-  /// tensor group; throws CollectiveError naming the tensor and ranks on every rank alike.
-  void check_replicated_across_slices(const std::vector<std::uint64_t>& mine);
+  /// check_consistency()'s comparison of every replica of this rank's parameters.
+  std::unique_ptr<ConsistencyChecker> consistency_;
   std::unique_ptr<AdamW> optimizer_;
-  std::unique_ptr<BatchSource> batches_;
+  std::unique_ptr<data::BatchSource> batches_;
   GradNorm norm_;
   std::vector<std::int32_t> batch_;             ///< (micro_batches, micro_batch_size, T + 1)
   std::vector<std::int32_t> tokens_, targets_;  ///< (micro_batch_size, T)
@@ -295,27 +237,17 @@ class Trainer {
   /// ZeRO over MPI: all-gathers the updated parameters (this rank's shard final) bucket by
   /// bucket, the gradient buckets' ranges; returns the seconds it took.
   double gather_parameters();
-  /// DeepSeekMoE after a step: one all-reduce over the data group of the MoE blocks'
-  /// expert loads and the balance loss (`aux_sum`, this rank's), the correction biases'
-  /// update (auxiliary-loss-free balancing, model.moe.bias_update_rate) unless the step was
-  /// skipped, st.aux_loss and st.moe; warns of experts idle for many steps. With stages,
-  /// `aux_sum` is ignored for pipeline_aux_sum(); each stage moves its own blocks' biases
-  /// from its own loads (summed over its data group); st.moe then covers every stage's
-  /// blocks (gathered over the pipeline group).
-  /// Collective over the data group and, with stages, the pipeline group: every stage
-  /// calls it, also one without MoE blocks.
+  /// DeepSeekMoE after a step: the loads and the balance loss summed (MoeBalancer::reduce;
+  /// `aux_sum`: this rank's, ignored with stages), the correction biases moved unless the
+  /// step was skipped, st.aux_loss and st.moe. Collective over the data group and, with
+  /// stages, the pipeline group: every stage calls it, also one without MoE blocks.
   void balance_moe(StepStats& st, double aux_sum);
+  std::unique_ptr<MoeBalancer> balancer_;
   /// Moves every MoE block's correction bias by the step's `loads` (balance_moe's sums).
   /// With a master shard (ZeRO with bf16/fp16) the compute copy keeps the biases in fp32
   /// (DenseModel's master_outside), every rank moves them alike, and each element's owner
   /// copies the moved value into its master shard (the same bits as ZeRO stage 0).
   void move_moe_bias(const std::vector<double>& loads);
-  /// The model has DeepSeekMoE blocks (on any stage), and each stage's count of them.
-  bool moe_ = false;
-  std::vector<std::size_t> stage_moe_blocks_;
-  /// Every stage's MoE blocks in turn (each in its chunks' order): their index among the
-  /// model's MoE blocks. This rank's MoE blocks before each of its chunks.
-  std::vector<std::size_t> moe_order_, chunk_moe_offset_;
   /// Per-rank experts with stages: each tensor of the store's index in stage_specs_[stage_].
   std::vector<std::size_t> stage_index_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
@@ -333,59 +265,18 @@ class Trainer {
   /// Tied embeddings or the MTP module with stages (model::stages_share_embedding): this
   /// rank holds the embedding table (stage 0) or its copy (the last stage), in both at
   /// offset 0 of the store, embedding_elements_ floats. Their gradients are summed over
-  /// the two (sum_embedding_copies) before the data group's reduction of them.
+  /// the two (PipelineExecutor::sum_embedding_copies) before the data group's reduction of them.
   bool embedding_copy_ = false;
   std::size_t embedding_elements_ = 0;
   /// Whether stage s's tensor `name` is the last stage's copy of the embedding table.
   bool is_embedding_copy(int s, const std::string& name) const;
-  /// Adds the other end's gradient of the embedding table to this rank's (point-to-point
-  /// with the peer stage, under the pipeline group's deadline): both ends then hold the
-  /// same sum. Returns the seconds spent.
-  double sum_embedding_copies();
-  /// The consistency check of the two ends' tables (`prints`: this rank's fingerprints in
-  /// store order): throws CollectiveError (exit 6) on every rank when a copy differs.
-  /// Collective over the pipeline group and the world.
-  void check_embedding_copies(const std::vector<std::uint64_t>& prints);
-  /// Sends to a neighbouring stage in flight, each with its own copy of the data; waited
-  /// before the step ends.
-  struct PendingSend {
-    std::vector<float> data;
-    comm::Request request;
-    bool done = false;  ///< seen complete (guarded by send_mutex_)
-  };
-  std::vector<std::unique_ptr<PendingSend>> sends_;
-  /// Open MPI moves a large message only while its sender is inside an MPI call: a send
-  /// left alone during the next micro-batch's compute would reach the neighbour stage one
-  /// whole operation late, and the stages would run nearly in turn. Where the pipeline
-  /// group allows a second thread (MPI_THREAD_MULTIPLE), this one polls the sends in flight
-  /// (every 20 us while there are any); send_mutex_ guards sends_ between it and the owner.
-  std::thread send_progress_;
-  std::mutex send_mutex_;
-  std::condition_variable send_cv_;
-  bool send_stop_ = false;
-  void poll_sends();
-  void send_to(int stage, const tensor::Tensor& t, int tag);
-  /// Receives into `t` from `stage`; returns the seconds waited.
-  double receive_from(int stage, const tensor::Tensor& t, int tag);
-  /// Waits every send in flight (all = false: only drops those complete); the seconds.
-  double settle_sends(bool all);
-  /// The 1F1B or interleaved order of this stage over the step's micro-batches
-  /// (model/pipeline_schedule):
-  /// adds the loss sum and its tokens, the MTP module's loss sum (last stage) and the phase
-  /// timers; keeps the balance
-  /// loss of this stage's MoE blocks per micro-batch in stage_aux_.
-  void pipeline_micro_batches(float backward_scale,
-                              const std::function<void(std::size_t)>& on_ready, double& loss_sum,
-                              double& mtp_sum, std::int64_t& valid, StepStats& st);
-  /// The step's balance loss of the whole model: every stage's stage_aux_ (one all-gather
-  /// over the pipeline group) added in a one-stage run's order, per micro-batch the blocks'
-  /// from 0, then those sums: the same double. Collective over the pipeline group.
-  double pipeline_aux_sum();
-  std::vector<double> stage_aux_;  ///< (micro-batches x this stage's MoE blocks)
-  /// Non-finite gradients with stages: "rank R, tensor NAME[i]" of the lowest world rank
-  /// whose own gradient had one, or of the lowest tensor over the stages when none had
-  /// (the sums overflowed). Collective over every rank.
-  std::string name_nonfinite_across_stages();
+  /// Pipeline stages: the executor of this rank's schedule, and the model as its stage
+  /// (trainer.cpp).
+  std::unique_ptr<PipelineExecutor> pipeline_;
+  class ModelStage;
+  std::unique_ptr<ModelStage> model_stage_;
+  /// Names where non-finite gradients arose (every layout).
+  std::unique_ptr<NonFiniteNamer> nonfinite_;
   // --- expert parallelism's storage (parallel.expert > 1, MoE model; moe_dispatch.hpp) ---
   /// Each rank holds its own routed experts only (model::ExpertSlice): the store's tensors
   /// from expert_first_tensor_ on (flat offsets from expert_offset_) are those, summed over
@@ -417,11 +308,6 @@ class Trainer {
   /// named `name` ("...mlp.experts.<id>...."), or -1 for any other tensor (every slot
   /// holds it).
   int expert_owner(const std::string& name) const;
-  /// The expert tensors' fingerprints compared over the expert-data group (each expert's
-  /// replicas); throws like check_consistency(). Collective over every rank.
-  void check_expert_consistency(const std::vector<std::uint64_t>& mine);
-  /// Per MoE block and expert, steps in a row without a token (the idle-expert warning).
-  std::vector<std::int64_t> idle_steps_;
   std::size_t poison_offset_ = 0;  ///< where Faults::gradient_poison goes
   bool loss_scaling_ = false;      ///< training.precision fp16
   LossScaler scaler_;

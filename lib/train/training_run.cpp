@@ -9,6 +9,7 @@
 
 #include "blas/gemm.hpp"
 #include "blas/host_blas.hpp"
+#include "ckpt/param_dump.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "core/flight_recorder.hpp"
@@ -20,7 +21,6 @@
 #include "runtime/hang_watchdog.hpp"
 #include "runtime/signals.hpp"
 #include "tensor/memory.hpp"
-#include "train/param_dump.hpp"
 #include "train/resume.hpp"
 
 namespace dst::train {
@@ -82,7 +82,7 @@ tensor::ExecContext make_context(runtime::Runtime& rt, const config::RunConfig& 
 std::unique_ptr<Trainer> make_trainer(runtime::Runtime& rt, const config::RunConfig& cfg,
                                       const config::Layout& layout,
                                       const runtime::Backends& backends,
-                                      comm::ProcessGroups& groups, SampleStore& train,
+                                      comm::ProcessGroups& groups, data::SampleStore& train,
                                       const tensor::ExecContext& ctx) {
   Trainer::Options o;
   o.ctx = ctx;
@@ -400,8 +400,8 @@ void TrainingRun::finish(double seconds) {
   // Tensor by tensor (collective; ZeRO with bf16/fp16: the fp32 master's shards gathered),
   // written by rank 0.
   const Trainer::CheckpointStream params = trainer.checkpoint_stream(true);
-  write_parameters_h5((dir / "final-params.h5").string(), params.tensors, params.source,
-                      trainer.steps_done(), root_);
+  ckpt::write_parameters_h5((dir / "final-params.h5").string(), params.tensors, params.source,
+                            trainer.steps_done(), root_);
   if (trainer.skipped_steps() > 0)
     summary += " | " + std::to_string(trainer.skipped_steps()) + " steps skipped";
   log::info(summary);

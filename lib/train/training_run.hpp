@@ -2,7 +2,7 @@
 /// \file training_run.hpp
 /// One training run, start to end (`dstrain train`): made from the runtime and the
 /// resolved deck, it owns everything the run uses - the data (train_data.hpp) and its one
-/// sampler (through the trainer's BatchSource), the trainer with its communicators and
+/// sampler (through the trainer's data::BatchSource), the trainer with its communicators and
 /// shared buffers, the checkpoint directory, the metrics log - and the cadence of the
 /// loop: logging, evaluation, checkpoints, stop requests, fault injection (faults.hpp).
 /// docs/architecture.md follows one optimizer step through it.

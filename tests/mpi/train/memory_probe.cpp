@@ -59,7 +59,7 @@ struct Sample {
 };
 
 /// Sample i: tokens from a fixed formula over the vocabulary.
-class FormulaStore final : public dst::train::SampleStore {
+class FormulaStore final : public dst::data::SampleStore {
  public:
   FormulaStore(std::int64_t seq_len, std::int64_t vocab) : T_(seq_len), V_(vocab) {}
   std::uint64_t num_samples() const override { return 256; }

@@ -21,7 +21,7 @@ constexpr std::uint64_t kSamples = 16;
 
 /// Sample i: tokens from a fixed formula, right-padded with kIgnoreIndex over its last
 /// pad(i) positions, pad(i) different for every sample (0 .. 30 of 33 positions).
-class PaddedStore final : public SampleStore {
+class PaddedStore final : public data::SampleStore {
  public:
   static std::int64_t pad(std::uint64_t id) { return static_cast<std::int64_t>((id * 11) % 31); }
   std::uint64_t num_samples() const override { return kSamples; }

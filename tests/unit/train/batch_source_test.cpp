@@ -1,4 +1,4 @@
-// BatchSource owns the run's one sampler: it hands out each step's samples in the
+// data::BatchSource owns the run's one sampler: it hands out each step's samples in the
 // sampler's order and promises the store the next step's samples while read-ahead
 // allows, never more steps than it was told (no read left in flight at the end).
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "data/sample_store.hpp"
 #include "train/faults.hpp"
-#include "train/sample_store.hpp"
 
 namespace dst::train {
 namespace {
@@ -17,7 +17,7 @@ namespace {
 constexpr std::int64_t kT = 3;
 
 /// Sample i is (i, i, ..., i); records the calls in order.
-class RecordingStore final : public SampleStore {
+class RecordingStore final : public data::SampleStore {
  public:
   std::uint64_t num_samples() const override { return 40; }
   void read(const std::vector<std::uint64_t>& ids, std::int32_t* out) override {
@@ -47,7 +47,7 @@ data::SamplerConfig config() {
 
 TEST(BatchSource, HandsOutTheSamplersStepsInOrder) {
   RecordingStore store;
-  BatchSource source(store, config(), kT);
+  data::BatchSource source(store, config(), kT);
   const data::Sampler reference(config());
   std::vector<std::int32_t> batch(2 * 2 * (kT + 1));
   for (int step = 0; step < 3; ++step) {
@@ -64,7 +64,7 @@ TEST(BatchSource, HandsOutTheSamplersStepsInOrder) {
 
 TEST(BatchSource, PromisesTheNextStepBeforeItIsReadAndNoMoreThanAsked) {
   RecordingStore store;
-  BatchSource source(store, config(), kT);
+  data::BatchSource source(store, config(), kT);
   source.read_ahead(2);
   std::vector<std::int32_t> batch(2 * 2 * (kT + 1));
   for (int step = 0; step < 3; ++step)
@@ -86,7 +86,7 @@ TEST(BatchSource, PromisesTheNextStepBeforeItIsReadAndNoMoreThanAsked) {
 
 TEST(BatchSource, SeekAfterAPromiseIsRefused) {
   RecordingStore store;
-  BatchSource source(store, config(), kT);
+  data::BatchSource source(store, config(), kT);
   source.seek({0, 8});
   EXPECT_EQ(source.sampler().position().consumed, 8u);
   source.read_ahead(1);

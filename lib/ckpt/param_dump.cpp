@@ -1,4 +1,4 @@
-#include "train/param_dump.hpp"
+#include "ckpt/param_dump.hpp"
 
 #include <hdf5.h>
 
@@ -11,7 +11,7 @@
 #include "h5/handle.hpp"
 #include "h5/lock.hpp"
 
-namespace dst::train {
+namespace dst::ckpt {
 
 namespace {
 
@@ -88,4 +88,4 @@ void write_parameters_h5(const std::string& path, const std::vector<ckpt::Tensor
     throw Error("parameter dump '" + path + "': rename from '" + tmp + "' failed");
 }
 
-}  // namespace dst::train
+}  // namespace dst::ckpt

@@ -4,22 +4,21 @@
 
 #include <vector>
 
+#include "data/sample_store.hpp"
 #include "data/text_corpus.hpp"
-#include "train/sample_store.hpp"
 
-namespace dst::train {
+namespace dst::data {
 
 class TextSampleStore final : public SampleStore {
  public:
   TextSampleStore(std::vector<std::int32_t> stream, std::int64_t seq_len)
       : stream_(std::move(stream)), seq_len_(seq_len) {}
   std::uint64_t num_samples() const override {
-    return static_cast<std::uint64_t>(data::sample_count(stream_, seq_len_));
+    return static_cast<std::uint64_t>(sample_count(stream_, seq_len_));
   }
   void read(const std::vector<std::uint64_t>& ids, std::int32_t* out) override {
     for (std::size_t i = 0; i < ids.size(); ++i)
-      data::copy_sample(stream_, seq_len_, ids[i],
-                        out + i * static_cast<std::size_t>(seq_len_ + 1));
+      copy_sample(stream_, seq_len_, ids[i], out + i * static_cast<std::size_t>(seq_len_ + 1));
   }
   const std::vector<std::int32_t>& stream() const { return stream_; }
 
@@ -28,4 +27,4 @@ class TextSampleStore final : public SampleStore {
   std::int64_t seq_len_;
 };
 
-}  // namespace dst::train
+}  // namespace dst::data

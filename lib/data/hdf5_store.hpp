@@ -10,9 +10,9 @@
 
 #include "data/dataset/batch_reader.hpp"
 #include "data/dataset/token_dataset.hpp"
-#include "train/sample_store.hpp"
+#include "data/sample_store.hpp"
 
-namespace dst::train {
+namespace dst::data {
 
 /// Serves read(ids) from a BatchReader. Without prefetch() every read is a request and
 /// a wait. With prefetching (BatchSource::read_ahead promises the next step's samples as
@@ -20,7 +20,7 @@ namespace dst::train {
 /// of step k, and the data phase only copies.
 class Hdf5SampleStore final : public SampleStore {
  public:
-  Hdf5SampleStore(const data::TokenDataset& dataset, data::BatchReaderOptions options);
+  Hdf5SampleStore(const TokenDataset& dataset, BatchReaderOptions options);
   ~Hdf5SampleStore() override;
 
   std::uint64_t num_samples() const override { return dataset_.num_samples(); }
@@ -30,19 +30,18 @@ class Hdf5SampleStore final : public SampleStore {
   /// Requests `ids` from the reader now.
   void prefetch(const std::vector<std::uint64_t>& ids) override;
 
-  const data::TokenDataset& dataset() const { return dataset_; }
-  data::BatchReaderStats stats() const { return reader_.stats(); }
+  const TokenDataset& dataset() const { return dataset_; }
+  BatchReaderStats stats() const { return reader_.stats(); }
 
  private:
-  data::TokenDataset dataset_;
-  data::BatchReader reader_;
+  TokenDataset dataset_;
+  BatchReader reader_;
   std::deque<std::vector<std::uint64_t>> pending_;  // requests outstanding in reader_
 };
 
 /// The first samples' tokens of `dataset` as one stream (at most `max_tokens`, rounded
 /// down to whole samples), read through a BatchReader: for statistics such as the
 /// bigram baseline. Serial (no prefetch); call it on one rank.
-std::vector<std::int32_t> read_token_stream(const data::TokenDataset& dataset,
-                                            std::uint64_t max_tokens);
+std::vector<std::int32_t> read_token_stream(const TokenDataset& dataset, std::uint64_t max_tokens);
 
-}  // namespace dst::train
+}  // namespace dst::data

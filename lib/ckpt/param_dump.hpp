@@ -13,7 +13,7 @@
 
 #include "ckpt/checkpoint.hpp"
 
-namespace dst::train {
+namespace dst::ckpt {
 
 /// Writes `path` (via `path.tmp` and a rename, so a partial file never has the name) from
 /// tensors produced one at a time: `tensors` names them ("params/<name>") with their
@@ -27,4 +27,4 @@ void write_parameters_h5(const std::string& path, const std::vector<ckpt::Tensor
                          const std::function<const float*(std::size_t)>& source, std::int64_t step,
                          bool writer);
 
-}  // namespace dst::train
+}  // namespace dst::ckpt

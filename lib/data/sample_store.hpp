@@ -9,7 +9,7 @@
 
 #include "data/dataset/sampler.hpp"
 
-namespace dst::train {
+namespace dst::data {
 
 /// Fills `out` with seq_len + 1 tokens per sample id. A sample may end in padding:
 /// model::kIgnoreIndex from some position to its end. Those targets are not scored (the
@@ -35,7 +35,7 @@ class BatchSource {
  public:
   /// `store` must outlive this; `config.num_samples` is the store's. `seq_len`: tokens
   /// per sample (each row holds seq_len + 1).
-  BatchSource(SampleStore& store, const data::SamplerConfig& config, std::int64_t seq_len);
+  BatchSource(SampleStore& store, const SamplerConfig& config, std::int64_t seq_len);
 
   /// This rank's samples of the next step into `out`, (micro_batches, micro_batch_size,
   /// seq_len + 1); advances the sampler by one global batch.
@@ -44,17 +44,17 @@ class BatchSource {
   /// nothing is requested for steps that will not run, so no read is in flight at the end.
   void read_ahead(std::int64_t steps);
   /// Continues the order at `pos` (a checkpoint's). Only before read-ahead starts.
-  void seek(data::SamplePosition pos);
+  void seek(SamplePosition pos);
 
-  const data::Sampler& sampler() const { return sampler_; }
+  const Sampler& sampler() const { return sampler_; }
 
  private:
   void promise_next_step();
   SampleStore& store_;
-  data::Sampler sampler_;
+  Sampler sampler_;
   std::int64_t seq_len_;
   std::int64_t ahead_left_ = 0;  ///< steps whose samples may still be promised
   bool promised_ = false;        ///< the next step's samples are promised to the store
 };
 
-}  // namespace dst::train
+}  // namespace dst::data

@@ -1,12 +1,11 @@
-#include "train/sample_store.hpp"
+#include "data/sample_store.hpp"
 
 #include "core/error.hpp"
 #include "core/flight_recorder.hpp"
 
-namespace dst::train {
+namespace dst::data {
 
-BatchSource::BatchSource(SampleStore& store, const data::SamplerConfig& config,
-                         std::int64_t seq_len)
+BatchSource::BatchSource(SampleStore& store, const SamplerConfig& config, std::int64_t seq_len)
     : store_(store), sampler_(config), seq_len_(seq_len) {}
 
 void BatchSource::next_step(std::int32_t* out) {
@@ -28,7 +27,7 @@ void BatchSource::read_ahead(std::int64_t steps) {
   if (!promised_) promise_next_step();
 }
 
-void BatchSource::seek(data::SamplePosition pos) {
+void BatchSource::seek(SamplePosition pos) {
   if (promised_)
     throw Error("BatchSource: seek after the next step's samples were promised to the store");
   sampler_.seek(pos);
@@ -42,4 +41,4 @@ void BatchSource::promise_next_step() {
   promised_ = true;
 }
 
-}  // namespace dst::train
+}  // namespace dst::data

@@ -1,4 +1,4 @@
-#include "train/hdf5_store.hpp"
+#include "data/hdf5_store.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -6,10 +6,9 @@
 
 #include "core/error.hpp"
 
-namespace dst::train {
+namespace dst::data {
 
-Hdf5SampleStore::Hdf5SampleStore(const data::TokenDataset& dataset,
-                                 data::BatchReaderOptions options)
+Hdf5SampleStore::Hdf5SampleStore(const TokenDataset& dataset, BatchReaderOptions options)
     : dataset_(dataset), reader_(dataset_, options) {}
 
 Hdf5SampleStore::~Hdf5SampleStore() = default;
@@ -28,15 +27,14 @@ void Hdf5SampleStore::read(const std::vector<std::uint64_t>& ids, std::int32_t* 
   } else {
     pending_.pop_front();
   }
-  const data::Batch batch = reader_.wait();
+  const Batch batch = reader_.wait();
   std::memcpy(out, batch.tokens.data(), batch.tokens.size() * sizeof(std::int32_t));
 }
 
-std::vector<std::int32_t> read_token_stream(const data::TokenDataset& dataset,
-                                            std::uint64_t max_tokens) {
-  data::BatchReaderOptions o;
+std::vector<std::int32_t> read_token_stream(const TokenDataset& dataset, std::uint64_t max_tokens) {
+  BatchReaderOptions o;
   o.prefetch = false;
-  data::BatchReader reader(dataset, o);
+  BatchReader reader(dataset, o);
   const std::uint64_t T = static_cast<std::uint64_t>(dataset.seq_len());
   const std::uint64_t samples = std::min(dataset.num_samples(), max_tokens / T);
   std::vector<std::int32_t> stream;
@@ -49,7 +47,7 @@ std::vector<std::int32_t> read_token_stream(const data::TokenDataset& dataset,
     for (std::uint64_t i = first; i < std::min(samples, first + kBatch); ++i)
       ids.push_back(i);
     reader.request(ids);
-    const data::Batch b = reader.wait();
+    const Batch b = reader.wait();
     for (std::size_t r = 0; r < b.rows(); ++r) {
       const std::int32_t* row = b.row(r);
       stream.insert(stream.end(), row + (stream.empty() ? 0 : 1), row + b.cols());
@@ -58,4 +56,4 @@ std::vector<std::int32_t> read_token_stream(const data::TokenDataset& dataset,
   return stream;
 }
 
-}  // namespace dst::train
+}  // namespace dst::data
