@@ -182,12 +182,6 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
                   config.model, stages_ > 1 ? model::rank_chunks(config, s, 0) : chunks),
               tensor::Arena::Mode::plan)
               .specs());
-    // Where each stage's tensors stand in the whole model (the interleaved schedule's
-    // chunks leave them out of the model's order).
-    for (int s = 0; s < stages_; ++s)
-      for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)])
-        model_index_.push_back(is_embedding_copy(s, spec.name) ? kNoIndex
-                                                               : full_layout_->index_of(spec.name));
   }
   const std::size_t stage_elements = model::flat_buffer_elements(
       model::stage_parameter_layout(config.model, chunks, slice, experts));
@@ -309,18 +303,7 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
     gather_slot_ = shared_->slots() - 1;
   }
   loss_scaling_ = config.training.precision == config::Precision::fp16;
-  if (expert_storage_) {
-    locate_own_experts();
-    // Each own tensor's index in its stage's whole layout (the gradient norm's gather).
-    if (stages_ > 1) {
-      std::unordered_map<std::string, std::size_t> at;
-      const auto& specs = stage_specs_[static_cast<std::size_t>(stage_)];
-      for (std::size_t i = 0; i < specs.size(); ++i)
-        at[specs[i].name] = i;
-      for (const model::ParamSpec& spec : model_->params().specs())
-        stage_index_.push_back(at.at(spec.name));
-    }
-  }
+  if (expert_storage_) locate_own_experts();
   if (zero_stage_ > 0) {
     // shm: the parts the ranks already update; MPI: whole tensors (exact norms). Per-rank
     // experts: the replicated tensors over the data group, the own experts apart (below).
@@ -383,6 +366,38 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
           : ".mlp.down_proj.weight";
   poison_offset_ =
       ps.spec(ps.index_of("model.layers." + std::to_string(last_block) + poisoned)).offset;
+  GlobalNorm::Parts norm_parts;
+  if (tensor_ > 1) {
+    norm_parts.tensor = groups.tensor.get();
+    norm_parts.tensor_rank = groups.tensor_rank;
+  }
+  if (expert_storage_) {
+    norm_parts.expert = groups.expert.get();
+    norm_parts.own_experts_from = expert_first_tensor_;
+  }
+  if (stages_ > 1) {
+    norm_parts.pipeline = groups.pipeline.get();
+    for (const auto& specs : stage_specs_)
+      norm_parts.stage_sizes.push_back(specs.size());
+    // Where each stage's tensors stand in the whole model (the interleaved schedule's
+    // chunks leave them out of the model's order; the last stage's copy of the embedding
+    // table is counted once, from stage 0).
+    for (int s = 0; s < stages_; ++s)
+      for (const model::ParamSpec& spec : stage_specs_[static_cast<std::size_t>(s)])
+        norm_parts.model_index.push_back(is_embedding_copy(s, spec.name)
+                                             ? GlobalNorm::kNone
+                                             : full_layout_->index_of(spec.name));
+    if (expert_storage_) {
+      // Each own tensor's index in its stage's whole layout.
+      std::unordered_map<std::string, std::size_t> at;
+      const auto& specs = stage_specs_[static_cast<std::size_t>(stage_)];
+      for (std::size_t i = 0; i < specs.size(); ++i)
+        at[specs[i].name] = i;
+      for (const model::ParamSpec& spec : model_->params().specs())
+        norm_parts.stage_index.push_back(at.at(spec.name));
+    }
+  }
+  global_norm_ = std::make_unique<GlobalNorm>(std::move(norm_parts));
   nonfinite_ = std::make_unique<NonFiniteNamer>(*groups.world, layout, logical_parameters());
   ConsistencyChecker::Replicas replicas;
   replicas.stage = stage_;
@@ -475,10 +490,6 @@ StepStats Trainer::step() {
     std::vector<float>().swap(host_v_);
     if (master_shard_) std::vector<float>().swap(host_params_);
   }
-  const std::int64_t micro = cfg_.training.micro_batch_size;
-  const std::int64_t T = cfg_.data.seq_len;
-  const std::size_t sample_len = static_cast<std::size_t>(T + 1);
-  auto& ps = model_->params();
 
   // --- data: this rank's micro-batches of the step's global batch
   auto t0 = Clock::now();
@@ -486,32 +497,83 @@ StepStats Trainer::step() {
   faults_.straggle();
   st.t_data = since(t0);
   samples_seen_ += static_cast<std::uint64_t>(layout_.global_batch_size);
-  // Multi-token prediction: the objective is the main mean + mtp_loss_weight x the MTP
-  // mean over the global batch; the model's gradients are of loss sums, scaled by
-  // 1 / (main target tokens) below, so each MTP token weighs mtp_loss_weight x main tokens
-  // / MTP tokens (global counts: one all-reduce of two doubles, exact integers).
-  double mtp_tokens = 0.0;
-  if (model_->has_mtp()) {
-    double counts[2] = {0.0, 0.0};  // main targets s[t+1], MTP targets s[t+2] (t < T - 1)
-    for (std::size_t r = 0; r < batch_.size() / sample_len; ++r) {
-      const std::int32_t* row = batch_.data() + r * sample_len;
-      for (std::int64_t t = 1; t <= T; ++t) {
-        if (row[t] == model::kIgnoreIndex) continue;
-        counts[0] += 1.0;
-        if (t >= 2) counts[1] += 1.0;
-      }
-    }
-    groups_.data->allreduce(counts, 2, DType::f64, comm::ReduceOp::sum);
-    mtp_tokens = counts[1];
-    model_->set_mtp_loss_scale(counts[1] > 0.0 ? cfg_.model.mtp_loss_weight * counts[0] / counts[1]
-                                               : 0.0);
-  }
+  const double mtp_tokens = weigh_mtp_loss();
 
   // --- forward + backward, gradients summed locally; buckets start on the last one
+  // fp16 (docs/precision.md): the backward differentiates loss_scale x the mean loss of a
+  // full micro-batch (what a GPU framework backpropagates, times the scale), so the fp16
+  // activation gradients have their real magnitude; the optimizer's gradient scale undoes
+  // it. fp32 and bf16: the gradient of the loss sum, unscaled (a scale of exactly 1).
+  const float backward_scale =
+      loss_scaling_ ? static_cast<float>(
+                          scaler_.scale() /
+                          static_cast<double>(cfg_.training.micro_batch_size * cfg_.data.seq_len))
+                    : 1.0f;
+  st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
+  const Passes passes = forward_backward(backward_scale, st);
+
+  // --- the global loss, tokens and flags
+  const Sums sums = sum_over_ranks(passes, mtp_tokens, st);
+  // Gradients of the mean: 1 / tokens; under fp16 also 1 / backward_scale (the unscale).
+  const double scale =
+      st.tokens > 0 ? (loss_scaling_ ? 1.0 / sums.tokens / backward_scale : 1.0 / sums.tokens)
+                    : 0.0;
+
+  // --- norm, non-finite policy, clipping, optimizer
+  t0 = Clock::now();
+  double gathered_s = 0.0;  // ZeRO over MPI: the parameters' all-gather
+  st.grad_norm = std::sqrt(gradient_norm_squared()) * scale;
+  st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
+  // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (the
+  // per-rank 0/1 flags summed: > 0 exactly when their MAX is 1), or the sum overflowed
+  // (the norm, identical on every rank). Every rank decides alike.
+  const bool nonfinite = !std::isfinite(st.grad_norm) || sums.nonfinite_ranks > 0.0;
+  if (nonfinite && loss_scaling_)
+    skip_overflow(st, sums.nonfinite_ranks);
+  else if (nonfinite)
+    skip_nonfinite(st);  // or throw (debug.nan_policy: abort)
+  else
+    gathered_s = update(st, scale);
+  if (balancer_->active()) balance_moe(st, passes.aux_sum);
+  st.t_optimizer = since(t0) - gathered_s;
+  st.t_comm += gathered_s;
+  if (faults_.diverges_after(step_)) diverge();  // the consistency check must see it
+  ++step_;
+  st.seconds = since(t_step);
+  return st;
+}
+
+double Trainer::weigh_mtp_loss() {
+  // Multi-token prediction: the objective is the main mean + mtp_loss_weight x the MTP
+  // mean over the global batch; the model's gradients are of loss sums, scaled by
+  // 1 / (main target tokens), so each MTP token weighs mtp_loss_weight x main tokens / MTP
+  // tokens (global counts: one all-reduce of two doubles, exact integers).
+  if (!model_->has_mtp()) return 0.0;
+  const std::int64_t T = cfg_.data.seq_len;
+  const std::size_t sample_len = static_cast<std::size_t>(T + 1);
+  double counts[2] = {0.0, 0.0};  // main targets s[t+1], MTP targets s[t+2] (t < T - 1)
+  for (std::size_t r = 0; r < batch_.size() / sample_len; ++r) {
+    const std::int32_t* row = batch_.data() + r * sample_len;
+    for (std::int64_t t = 1; t <= T; ++t) {
+      if (row[t] == model::kIgnoreIndex) continue;
+      counts[0] += 1.0;
+      if (t >= 2) counts[1] += 1.0;
+    }
+  }
+  groups_.data->allreduce(counts, 2, DType::f64, comm::ReduceOp::sum);
+  model_->set_mtp_loss_scale(counts[1] > 0.0 ? cfg_.model.mtp_loss_weight * counts[0] / counts[1]
+                                             : 0.0);
+  return counts[1];
+}
+
+Trainer::Passes Trainer::forward_backward(float backward_scale, StepStats& st) {
+  const std::int64_t micro = cfg_.training.micro_batch_size;
+  const std::int64_t T = cfg_.data.seq_len;
+  const std::size_t sample_len = static_cast<std::size_t>(T + 1);
+  auto& ps = model_->params();
   // ZeRO stage 2 over MPI: zeroed by returning the buffer's pages (resident again only
   // while backward writes them and their bucket is in flight).
-  const bool zero_mpi = zero_stage_ > 0 && !shared_;
-  if (zero_mpi && zero_stage_ == 2) {
+  if (zero_over_mpi() && zero_stage_ == 2) {
     buckets_->clear();
     if (expert_buckets_) expert_buckets_->clear();
   } else
@@ -528,17 +590,7 @@ StepStats Trainer::step() {
     }
     buckets.ready(offset);
   };
-  // fp16 (docs/precision.md): the backward differentiates loss_scale x the mean loss of a
-  // full micro-batch (what a GPU framework backpropagates, times the scale), so the fp16
-  // activation gradients have their real magnitude; the optimizer's gradient scale undoes
-  // it. fp32 and bf16: the gradient of the loss sum, unscaled (a scale of exactly 1).
-  const float backward_scale =
-      loss_scaling_ ? static_cast<float>(scaler_.scale() / static_cast<double>(micro * T)) : 1.0f;
-  st.loss_scale = loss_scaling_ ? scaler_.scale() : 0.0;
-  double loss_sum = 0.0;
-  double aux_sum = 0.0;  // DeepSeekMoE's balance loss, summed over sequences and blocks
-  double mtp_sum = 0.0;  // the MTP module's loss sum
-  std::int64_t valid = 0;
+  Passes passes;
   const std::size_t micro_batches = static_cast<std::size_t>(layout_.grad_accum_steps);
   if (experts_) experts_->reset_traffic();
   if (tensor_parallel_) tensor_parallel_->reset_traffic();
@@ -552,9 +604,9 @@ StepStats Trainer::step() {
     const PipelineExecutor::Totals done = pipeline_->train(
         *model_stage_, embedding_copy_ ? std::function<void(std::size_t)>(held)
                                        : std::function<void(std::size_t)>(on_ready));
-    loss_sum = done.loss_sum;
-    valid = done.valid;
-    mtp_sum = done.mtp_loss_sum;
+    passes.loss_sum = done.loss_sum;
+    passes.valid = done.valid;
+    passes.mtp_sum = done.mtp_loss_sum;
     st.t_forward += done.forward_s;
     st.t_backward += done.backward_s;
     st.t_comm += done.comm_s;
@@ -570,12 +622,12 @@ StepStats Trainer::step() {
     const bool last = m + 1 == micro_batches;
     core::FlightScope scope("forward+backward of micro-batch " + std::to_string(m + 1) + "/" +
                             std::to_string(micro_batches));
-    loss_sum += model_->forward_backward(
+    passes.loss_sum += model_->forward_backward(
         tokens_.data(), targets_.data(), backward_scale, &v,
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
-    valid += v;
-    aux_sum += model_->last_aux_loss();
-    mtp_sum += model_->last_mtp_loss();
+    passes.valid += v;
+    passes.aux_sum += model_->last_aux_loss();
+    passes.mtp_sum += model_->last_mtp_loss();
     st.t_forward += model_->last_forward_seconds();
     st.t_backward += model_->last_backward_seconds();
   }
@@ -597,17 +649,20 @@ StepStats Trainer::step() {
     st.expert_rows_max = rows[0];
     st.expert_rows_mean = rows[1] / static_cast<double>(layout_.data);
   }
+  return passes;
+}
 
-  // --- the global loss: mean over every target token of every rank (one all-reduce)
+Trainer::Sums Trainer::sum_over_ranks(const Passes& passes, double mtp_tokens, StepStats& st) {
+  // The global loss: mean over every target token of every rank (one all-reduce)
   // ... and, in the same all-reduce, how many ranks had a non-finite gradient of their own
   // and how many were asked to stop (a signal); with an MTP module, its loss sum too.
   enum Sum : std::size_t { kLoss, kTokens, kNonfinite, kStop, kMtpLoss, kSums };
   std::array<double, kSums> sums{};
-  sums[kLoss] = loss_sum;
-  sums[kTokens] = static_cast<double>(valid);
+  sums[kLoss] = passes.loss_sum;
+  sums[kTokens] = static_cast<double>(passes.valid);
   sums[kNonfinite] = first_nonfinite_offset() >= 0 ? 1.0 : 0.0;
   sums[kStop] = runtime::stop_signal() != 0 ? 1.0 : 0.0;
-  sums[kMtpLoss] = mtp_sum;
+  sums[kMtpLoss] = passes.mtp_sum;
   const std::size_t reduced = model_->has_mtp() ? kSums : kMtpLoss;
   groups_.data->allreduce(sums.data(), reduced, DType::f64, comm::ReduceOp::sum);
   // Stages: the losses are the last stage's (the others add +0, exact), the flags everyone's.
@@ -623,17 +678,15 @@ StepStats Trainer::step() {
   st.stop_ranks = static_cast<int>(sums[kStop]);
   st.tokens = static_cast<std::int64_t>(sums[kTokens]);
   st.loss = st.tokens > 0 ? sums[kLoss] / sums[kTokens] : 0.0;
-  // Gradients of the mean: 1 / tokens; under fp16 also 1 / backward_scale (the unscale).
-  const double scale =
-      st.tokens > 0 ? (loss_scaling_ ? 1.0 / sums[kTokens] / backward_scale : 1.0 / sums[kTokens])
-                    : 0.0;
+  return Sums{sums[kTokens], sums[kNonfinite]};
+}
 
-  // --- norm, non-finite policy, clipping, optimizer
-  t0 = Clock::now();
-  double gathered_s = 0.0;  // ZeRO over MPI: the parameters' all-gather
+double Trainer::gradient_norm_squared() {
+  auto& ps = model_->params();
+  const bool zero_mpi = zero_over_mpi();
   // The gradients are replicated: the ranks sharing the update share the norm too. ZeRO
   // over MPI: each rank holds the sums of its shard's tensors only.
-  double sum_of_squares =
+  const double sum_of_squares =
       shared_update_ ? norm_.compute_shared(ctx_, ps, *groups_.data)
       : zero_mpi     ? norm_.compute_sharded(ctx_, ps, shard_first_, shard_last_, *groups_.data)
                      : norm_.compute(ctx_, ps);
@@ -646,153 +699,103 @@ StepStats Trainer::step() {
     std::copy(own.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_), own.end(),
               per_tensor.begin() + static_cast<std::ptrdiff_t>(expert_first_tensor_));
   }
-  if (tensor_ > 1) {
-    // Each split tensor's sum over its slices, a replicated tensor's once (its copies are
-    // equal), a slice shared by R ranks (key/value heads) once, from the first of them:
-    // one all-reduce over the tensor group, in the store's order (before the expert
-    // storage's sums below, which the tensor slices take alike).
-    for (std::size_t i = 0; i < per_tensor.size(); ++i)
-      if ((ps.spec(i).split == model::Split::replicated && groups_.tensor_rank != 0) ||
-          groups_.tensor_rank % ps.spec(i).tp_replicas != 0)
-        per_tensor[i] = 0.0;
-    groups_.tensor->allreduce(per_tensor.data(), per_tensor.size(), DType::f64,
-                              comm::ReduceOp::sum);
-    sum_of_squares = 0.0;
-    for (const double v : per_tensor)
-      sum_of_squares += v;
-  }
-  if (expert_storage_ && stages_ == 1) sum_of_squares = expert_sum_of_squares(per_tensor);
-  if (expert_storage_ && stages_ > 1) {
-    // In the stage's whole layout (every expert): each own expert's sum from its holder,
-    // summed over the expert group (the others add +0), so that every rank of the stage
-    // has every tensor's, as the stages' gather below needs.
-    const std::size_t n = stage_specs_[static_cast<std::size_t>(stage_)].size();
-    std::vector<double> whole(n, 0.0), experts(n, 0.0);
-    for (std::size_t i = 0; i < per_tensor.size(); ++i)
-      (i < expert_first_tensor_ ? whole : experts)[stage_index_[i]] = per_tensor[i];
-    groups_.expert->allreduce(experts.data(), n, DType::f64, comm::ReduceOp::sum);
-    for (std::size_t i = 0; i < n; ++i)
-      whole[i] += experts[i];
-    per_tensor = std::move(whole);
-  }
-  if (stages_ > 1) {
-    // Every stage's per-tensor sums (one all-gather over the pipeline group), added in the
-    // whole model's order (the stages' in turn; not with interleaved chunks): a one-stage
-    // run's bits.
-    std::vector<std::size_t> counts;
-    for (const auto& specs : stage_specs_)
-      counts.push_back(specs.size());
-    std::vector<double> all(model_index_.size());
-    std::size_t at = 0;
-    for (int s = 0; s < stage_; ++s)
-      at += counts[static_cast<std::size_t>(s)];
-    std::copy(per_tensor.begin(), per_tensor.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
-    groups_.pipeline->iallgather_blocks(all.data(), counts, DType::f64).wait();
-    std::vector<double> in_order(all.size());
-    for (std::size_t i = 0; i < all.size(); ++i)
-      if (model_index_[i] != kNoIndex) in_order[model_index_[i]] = all[i];
-    sum_of_squares = 0.0;
-    for (const double v : in_order)
-      sum_of_squares += v;
-  }
-  st.grad_norm = std::sqrt(sum_of_squares) * scale;
-  st.lr = learning_rate(cfg_.training, step_, layout_.world_size);
-  // Non-finite: some rank's own gradient had a NaN/inf before the all-reduce (the
-  // per-rank 0/1 flags summed: > 0 exactly when their MAX is 1), or the sum overflowed
-  // (the norm, identical on every rank). Every rank decides alike.
-  const bool nonfinite = !std::isfinite(st.grad_norm) || sums[kNonfinite] > 0.0;
-  if (nonfinite && loss_scaling_) {
-    // fp16 overflow: the normal event that tunes the loss scale, not a divergence (no
-    // nan_policy). Skip the step: parameters, moments and the optimizer's step count stay
-    // untouched; halve the scale.
-    st.skipped = true;
-    st.overflow = true;
-    ++skipped_;
-    const double before = scaler_.scale();
-    scaler_.update(true);
-    std::ostringstream os;
-    os << "fp16 gradient overflow at step " << step_ + 1 << " ("
-       << static_cast<int>(sums[kNonfinite]) << " of " << layout_.data
-       << " data ranks had a non-finite gradient): step skipped, loss "
-       << "scale " << before << " -> " << scaler_.scale();
-    if (groups_.world->rank() == 0) log::warn(os.str());
-  } else if (nonfinite) {
-    // The sums this rank holds: ZeRO over MPI its shards (of the replicated tensors and of
-    // its own experts), else the whole buffer.
-    std::vector<std::pair<std::size_t, std::size_t>> summed;
-    if (zero_mpi) {
-      summed.emplace_back(shard_first_, shard_last_);
-      if (expert_optimizer_) summed.emplace_back(expert_shard_first_, expert_shard_last_);
-    } else {
-      summed.emplace_back(0, ps.buffer_elements());
-    }
-    std::ostringstream os;
-    os << "non-finite gradients at step " << step_ << ": "
-       << nonfinite_->name(ps, ctx_, first_nonfinite_offset(), summed);
-    if (cfg_.debug.nan_policy == config::NanPolicy::abort)
-      throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
-    st.skipped = true;  // every rank decides alike: parameters and moments stay untouched
-    ++skipped_;
+  return global_norm_->sum_of_squares(ps, std::move(per_tensor), sum_of_squares);
+}
+
+void Trainer::skip_overflow(StepStats& st, double nonfinite_ranks) {
+  // fp16 overflow: the normal event that tunes the loss scale, not a divergence (no
+  // nan_policy). Skip the step: parameters, moments and the optimizer's step count stay
+  // untouched; halve the scale.
+  st.skipped = true;
+  st.overflow = true;
+  ++skipped_;
+  const double before = scaler_.scale();
+  scaler_.update(true);
+  std::ostringstream os;
+  os << "fp16 gradient overflow at step " << step_ + 1 << " (" << static_cast<int>(nonfinite_ranks)
+     << " of " << layout_.data << " data ranks had a non-finite gradient): step skipped, loss "
+     << "scale " << before << " -> " << scaler_.scale();
+  if (groups_.world->rank() == 0) log::warn(os.str());
+}
+
+void Trainer::skip_nonfinite(StepStats& st) {
+  const auto& ps = model_->params();
+  // The sums this rank holds: ZeRO over MPI its shards (of the replicated tensors and of
+  // its own experts), else the whole buffer.
+  std::vector<std::pair<std::size_t, std::size_t>> summed;
+  if (zero_over_mpi()) {
+    summed.emplace_back(shard_first_, shard_last_);
+    if (expert_optimizer_) summed.emplace_back(expert_shard_first_, expert_shard_last_);
   } else {
-    const double factor = clip_factor(st.grad_norm, cfg_.training.grad_clip);
-    if (shared_update_) {
-      // This rank's part of the update, then every rank's part into every rank's
-      // parameters (the moments stay in parts: gather_state() for a checkpoint).
-      std::size_t first = 0, last = 0;
-      comm::SharedSum::part_of(ps.buffer_elements(), shared_update_->size(), shared_update_->rank(),
-                               first, last);
-      optimizer_->step(ctx_, ps, st.lr, scale * factor, first, last);
-      // A master shard: the rounded copy of the shard is what the ranks gather.
-      if (master_shard_) model_->refresh_compute_params(optimizer_->state().master, first, last);
-      shared_update_->igather(gather_slot_, 0, ps.buffer_elements(), kParamBuffer).wait();
-    } else if (zero_mpi) {
-      // The shard's update, then every shard into every rank's parameters: communication
-      // (the phase's t_comm), not the optimizer's time. A master shard: the rounded copy
-      // of the shard is what the ranks gather.
-      optimizer_->step(ctx_, ps, st.lr, scale * factor, shard_first_, shard_last_);
+    summed.emplace_back(0, ps.buffer_elements());
+  }
+  std::ostringstream os;
+  os << "non-finite gradients at step " << step_ << ": "
+     << nonfinite_->name(ps, ctx_, first_nonfinite_offset(), summed);
+  if (cfg_.debug.nan_policy == config::NanPolicy::abort)
+    throw CollectiveError(os.str() + " (debug.nan_policy: abort)", kExitDiverged);
+  st.skipped = true;  // every rank decides alike: parameters and moments stay untouched
+  ++skipped_;
+}
+
+double Trainer::update(StepStats& st, double scale) {
+  auto& ps = model_->params();
+  double gathered_s = 0.0;
+  const double factor = clip_factor(st.grad_norm, cfg_.training.grad_clip);
+  if (shared_update_) {
+    // This rank's part of the update, then every rank's part into every rank's
+    // parameters (the moments stay in parts: gather_state() for a checkpoint).
+    std::size_t first = 0, last = 0;
+    comm::SharedSum::part_of(ps.buffer_elements(), shared_update_->size(), shared_update_->rank(),
+                             first, last);
+    optimizer_->step(ctx_, ps, st.lr, scale * factor, first, last);
+    // A master shard: the rounded copy of the shard is what the ranks gather.
+    if (master_shard_) model_->refresh_compute_params(optimizer_->state().master, first, last);
+    shared_update_->igather(gather_slot_, 0, ps.buffer_elements(), kParamBuffer).wait();
+  } else if (zero_over_mpi()) {
+    // The shard's update, then every shard into every rank's parameters: communication
+    // (the phase's t_comm), not the optimizer's time. A master shard: the rounded copy
+    // of the shard is what the ranks gather.
+    optimizer_->step(ctx_, ps, st.lr, scale * factor, shard_first_, shard_last_);
+    if (master_shard_)
+      model_->refresh_compute_params(optimizer_->state().master, shard_first_, shard_last_);
+    if (expert_optimizer_) {
+      expert_optimizer_->step(ctx_, ps, st.lr, scale * factor, expert_shard_first_,
+                              expert_shard_last_);
       if (master_shard_)
-        model_->refresh_compute_params(optimizer_->state().master, shard_first_, shard_last_);
-      if (expert_optimizer_) {
-        expert_optimizer_->step(ctx_, ps, st.lr, scale * factor, expert_shard_first_,
-                                expert_shard_last_);
-        if (master_shard_)
-          model_->refresh_compute_params(expert_optimizer_->state().master, expert_shard_first_,
-                                         expert_shard_last_);
-      }
-      gathered_s = gather_parameters();
-    } else {
-      optimizer_->step(ctx_, ps, st.lr, scale * factor);
+        model_->refresh_compute_params(expert_optimizer_->state().master, expert_shard_first_,
+                                       expert_shard_last_);
     }
-    // The rounded copy of the new master parameters (a master shard: gathered above).
-    if (!master_shard_) model_->refresh_compute_params();
-    tensor::synchronize(ctx_);  // the optimizer's phase ends when a device has run it
-    if (loss_scaling_ && scaler_.update(false) && groups_.world->rank() == 0) {
-      std::ostringstream os;
-      os << "loss scale " << scaler_.scale() / LossScaler::kGrowthFactor << " -> "
-         << scaler_.scale() << " after " << LossScaler::kGrowthInterval << " clean steps";
-      log::info(os.str());
+    gathered_s = gather_parameters();
+  } else {
+    optimizer_->step(ctx_, ps, st.lr, scale * factor);
+  }
+  // The rounded copy of the new master parameters (a master shard: gathered above).
+  if (!master_shard_) model_->refresh_compute_params();
+  tensor::synchronize(ctx_);  // the optimizer's phase ends when a device has run it
+  if (loss_scaling_ && scaler_.update(false) && groups_.world->rank() == 0) {
+    std::ostringstream os;
+    os << "loss scale " << scaler_.scale() / LossScaler::kGrowthFactor << " -> " << scaler_.scale()
+       << " after " << LossScaler::kGrowthInterval << " clean steps";
+    log::info(os.str());
+  }
+  return gathered_s;
+}
+
+void Trainer::diverge() {
+  const auto& ps = model_->params();
+  // The first parameter; with tensor slices, the first tensor they all hold whole (a
+  // norm), which the check compares across the slices.
+  std::size_t at = 0;
+  for (std::size_t i = 0; tensor_ > 1 && i < ps.size(); ++i)
+    if (ps.spec(i).split == model::Split::replicated) {
+      at = ps.spec(i).offset;
+      break;
     }
-  }
-  if (balancer_->active()) balance_moe(st, aux_sum);
-  st.t_optimizer = since(t0) - gathered_s;
-  st.t_comm += gathered_s;
-  if (faults_.diverges_after(step_)) {  // the consistency check must see it
-    // The first parameter; with tensor slices, the first tensor they all hold whole (a
-    // norm), which the check compares across the slices.
-    std::size_t at = 0;
-    for (std::size_t i = 0; tensor_ > 1 && i < ps.size(); ++i)
-      if (ps.spec(i).split == model::Split::replicated) {
-        at = ps.spec(i).offset;
-        break;
-      }
-    float first = 0.0f;
-    tensor::copy(ctx_, &first, ps.params_data() + at, sizeof first);
-    first += 1e-3f;
-    tensor::copy(ctx_, ps.params_data() + at, &first, sizeof first);
-  }
-  ++step_;
-  st.seconds = since(t_step);
-  return st;
+  float first = 0.0f;
+  tensor::copy(ctx_, &first, ps.params_data() + at, sizeof first);
+  first += 1e-3f;
+  tensor::copy(ctx_, ps.params_data() + at, &first, sizeof first);
 }
 
 bool Trainer::is_embedding_copy(int s, const std::string& name) const {
@@ -1219,14 +1222,6 @@ std::int64_t Trainer::first_nonfinite_offset() const {
   if (own >= 0 || !expert_buckets_) return own;
   const std::int64_t e = expert_buckets_->first_nonfinite_offset();
   return e >= 0 ? static_cast<std::int64_t>(expert_offset_) + e : -1;
-}
-
-double Trainer::expert_sum_of_squares(const std::vector<double>& per_tensor) const {
-  double replicated = 0.0, own = 0.0;
-  for (std::size_t i = 0; i < per_tensor.size(); ++i)
-    (i < expert_first_tensor_ ? replicated : own) += per_tensor[i];
-  groups_.expert->allreduce(&own, 1, DType::f64, comm::ReduceOp::sum);
-  return replicated + own;
 }
 
 int Trainer::expert_owner(const std::string& name) const {

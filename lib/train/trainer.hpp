@@ -26,6 +26,7 @@
 #include "tensor/context.hpp"
 #include "train/consistency.hpp"
 #include "train/faults.hpp"
+#include "train/global_norm.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/grad_norm.hpp"
 #include "train/loss_scaler.hpp"
@@ -173,6 +174,46 @@ class Trainer {
   bool own_experts_only() const { return expert_storage_; }
 
  private:
+  // --- the phases of step()
+  /// Multi-token prediction: sets the MTP loss's weight from the global batch's target
+  /// counts (one all-reduce over the data group); returns the MTP targets (0 without it).
+  double weigh_mtp_loss();
+  /// What this rank's forwards and backwards added up.
+  struct Passes {
+    double loss_sum = 0.0;
+    double aux_sum = 0.0;  ///< DeepSeekMoE's balance loss, summed over sequences and blocks
+    double mtp_sum = 0.0;  ///< the MTP module's loss sum
+    std::int64_t valid = 0;
+  };
+  /// The step's micro-batches (one stage: in turn; stages: the pipeline executor's
+  /// schedule) with the gradient buckets started during the last backward and waited;
+  /// the phase timers and the layers' traffic into `st`.
+  Passes forward_backward(float backward_scale, StepStats& st);
+  /// The global sums the step needs beyond `st`'s loss, tokens, stop requests and MTP loss.
+  struct Sums {
+    double tokens = 0.0;           ///< target tokens of the global batch
+    double nonfinite_ranks = 0.0;  ///< ranks whose own gradient had a NaN or infinity
+  };
+  /// The loss, token count, non-finite and stop flags (and MTP loss) summed over the data
+  /// group and the stages, the flags over the tensor slices; fills st.loss, tokens,
+  /// stop_ranks, mtp and mtp_loss.
+  Sums sum_over_ranks(const Passes& passes, double mtp_tokens, StepStats& st);
+  /// The whole model's squared gradient norm (unscaled), collective like the step.
+  double gradient_norm_squared();
+  /// fp16: the step skipped for an overflow, the loss scale halved.
+  void skip_overflow(StepStats& st, double nonfinite_ranks);
+  /// Non-finite gradients (debug.nan_policy skip): the step skipped, its cause named;
+  /// throws CollectiveError (exit 6) under nan_policy abort.
+  void skip_nonfinite(StepStats& st);
+  /// Clipping and the optimizer's step on what this rank updates, the parameters gathered
+  /// (shm, ZeRO) and the compute copy refreshed; returns the seconds of the gather.
+  double update(StepStats& st, double grad_scale);
+  /// debug.inject_divergence_rank: moves one parameter of this rank, as a diverged replica
+  /// would.
+  void diverge();
+  /// ZeRO over MPI (shards of whole tensors, parameters all-gathered), not over shm.
+  bool zero_over_mpi() const { return zero_stage_ > 0 && !shared_; }
+
   /// This rank's own state tensors (its stage's, its slices), in its store's order:
   /// params, then first moments, then second; with the device's state copied into the
   /// host buffers (for a save) or not (for restore(), which reads into them and copies
@@ -248,8 +289,6 @@ class Trainer {
   /// (DenseModel's master_outside), every rank moves them alike, and each element's owner
   /// copies the moved value into its master shard (the same bits as ZeRO stage 0).
   void move_moe_bias(const std::vector<double>& loads);
-  /// Per-rank experts with stages: each tensor of the store's index in stage_specs_[stage_].
-  std::vector<std::size_t> stage_index_;
   // --- pipeline parallelism (parallel.pipeline > 1; docs/performance.md) ------------------
   /// Stages, this rank's stage, and its model chunks (the interleaved schedule's V, else 1).
   int stages_ = 1, stage_ = 0;
@@ -258,10 +297,6 @@ class Trainer {
   /// its own store): a checkpoint's tensors are every stage's, gathered.
   std::unique_ptr<model::ParamStore> full_layout_;
   std::vector<std::vector<model::ParamSpec>> stage_specs_;
-  /// The whole-model index of each of stage_specs_' tensors, stage 0's first (the last
-  /// stage's copy of the embedding table: kNoIndex, counted once, from stage 0).
-  std::vector<std::size_t> model_index_;
-  static constexpr std::size_t kNoIndex = static_cast<std::size_t>(-1);
   /// Tied embeddings or the MTP module with stages (model::stages_share_embedding): this
   /// rank holds the embedding table (stage 0) or its copy (the last stage), in both at
   /// offset 0 of the store, embedding_elements_ floats. Their gradients are summed over
@@ -275,6 +310,8 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> pipeline_;
   class ModelStage;
   std::unique_ptr<ModelStage> model_stage_;
+  /// The whole model's squared gradient norm from this rank's per-tensor sums.
+  std::unique_ptr<GlobalNorm> global_norm_;
   /// Names where non-finite gradients arose (every layout).
   std::unique_ptr<NonFiniteNamer> nonfinite_;
   // --- expert parallelism's storage (parallel.expert > 1, MoE model; moe_dispatch.hpp) ---
@@ -301,9 +338,6 @@ class Trainer {
   std::unique_ptr<AdamW> expert_optimizer_;
   /// Both bucket sets' first non-finite gradient offset (of the flat buffer), or -1.
   std::int64_t first_nonfinite_offset() const;
-  /// The squared gradient norm from the store's per-tensor sums: the replicated tensors
-  /// once, the experts' sums over the expert group (one all-reduce of a double).
-  double expert_sum_of_squares(const std::vector<double>& per_tensor) const;
   /// Per-rank experts: the rank of the expert group that holds the routed-expert tensor
   /// named `name` ("...mlp.experts.<id>...."), or -1 for any other tensor (every slot
   /// holds it).
