@@ -42,16 +42,6 @@ std::unique_ptr<model::ParamStore> store(int poke = -1, bool experts = false) {
   return ps;
 }
 
-config::Layout layout_of(int data, int tensor, int pipeline, int expert = 1) {
-  config::Layout l;
-  l.world_size = world_size();
-  l.data = data;
-  l.tensor = tensor;
-  l.pipeline = pipeline;
-  l.expert = expert;
-  return l;
-}
-
 /// Runs the check; "" when it passes, else the message, which must be a CollectiveError
 /// with exit 6 (and the same on every rank: compared through rank 0's).
 std::string outcome(comm::ProcessGroups& groups, const config::Layout& layout,
@@ -63,25 +53,19 @@ std::string outcome(comm::ProcessGroups& groups, const config::Layout& layout,
     EXPECT_EQ(e.exit_code(), kExitDiverged);
     what = e.what();
   }
-  // Every rank alike: the length and the bytes of rank 0's message.
-  std::vector<char> mine(what.begin(), what.end()), root = mine;
-  int n = static_cast<int>(root.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  root.resize(static_cast<std::size_t>(n));
-  MPI_Bcast(root.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  EXPECT_EQ(std::string(root.begin(), root.end()), what) << "rank " << world_rank();
+  EXPECT_EQ(dst::test::rank0_text(what), what) << "rank " << world_rank();  // every rank alike
   return what;
 }
 
 TEST(ConsistencyChecker, EqualReplicasPass) {
-  const config::Layout layout = layout_of(world_size(), 1, 1);
+  const config::Layout layout = dst::test::world_layout(world_size(), 1, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   EXPECT_EQ(outcome(groups, layout, {}, *store()), "");
 }
 
 TEST(ConsistencyChecker, NamesTheFirstDataReplicaThatDiffers) {
   if (world_size() < 2) GTEST_SKIP() << "one rank has no replica";
-  const config::Layout layout = layout_of(world_size(), 1, 1);
+  const config::Layout layout = dst::test::world_layout(world_size(), 1, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   // The last rank differs in tensor 1 and 2, rank 1 in tensor 2: tensor 1 is the first.
   const int last = world_size() - 1;
@@ -96,7 +80,7 @@ TEST(ConsistencyChecker, NamesTheFirstDataReplicaThatDiffers) {
 TEST(ConsistencyChecker, NamesATensorSliceWhoseWholeNormDiffers) {
   if (world_size() < 2) GTEST_SKIP() << "no tensor group";
   // Tensor slices of 2 (x the rest data ranks): the norm is held whole by every slice.
-  const config::Layout layout = layout_of(world_size() / 2, 2, 1);
+  const config::Layout layout = dst::test::world_layout(world_size() / 2, 2, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   const model::ParamStore whole(specs(), tensor::Arena::Mode::plan);
   ConsistencyChecker::Replicas r;
@@ -111,7 +95,7 @@ TEST(ConsistencyChecker, NamesATensorSliceWhoseWholeNormDiffers) {
 TEST(ConsistencyChecker, NamesTheEndOfThePipelineWhoseEmbeddingCopyDiffers) {
   if (world_size() < 2) GTEST_SKIP() << "one stage holds no copy";
   const int stages = world_size();
-  const config::Layout layout = layout_of(1, 1, stages);
+  const config::Layout layout = dst::test::world_layout(1, 1, stages);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   const model::ParamStore whole(specs(), tensor::Arena::Mode::plan);
   ConsistencyChecker::Replicas r;
@@ -132,7 +116,7 @@ TEST(ConsistencyChecker, NamesTheOwnExpertReplicaThatDiffers) {
   // Data ranks 0-3 in expert groups {0, 1} and {2, 3}; slot 0's replicas are ranks 0 and 2,
   // slot 1's ranks 1 and 3. Each holds "its" expert 0 as the store's last tensor (the test
   // does not care which expert id it is: the fingerprints of one slot are compared).
-  const config::Layout layout = layout_of(4, 1, 1, 2);
+  const config::Layout layout = dst::test::world_layout(4, 1, 1, 2);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   const model::ParamStore whole(specs(true), tensor::Arena::Mode::plan);
   ConsistencyChecker::Replicas r;
@@ -150,7 +134,7 @@ TEST(ConsistencyChecker, NamesTheOwnExpertReplicaThatDiffers) {
 }
 
 TEST(ConsistencyChecker, RefusesSplitStoresWithoutTheWholeLayout) {
-  const config::Layout layout = layout_of(world_size(), 1, 1);
+  const config::Layout layout = dst::test::world_layout(world_size(), 1, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   ConsistencyChecker::Replicas r;
   r.own_experts = true;

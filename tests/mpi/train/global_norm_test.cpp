@@ -29,16 +29,6 @@ model::ParamStore store(const std::vector<model::Split>& splits) {
   return model::ParamStore(specs, tensor::Arena::Mode::plan);
 }
 
-config::Layout layout_of(int data, int tensor, int pipeline, int expert = 1) {
-  config::Layout l;
-  l.world_size = world_size();
-  l.data = data;
-  l.tensor = tensor;
-  l.pipeline = pipeline;
-  l.expert = expert;
-  return l;
-}
-
 TEST(GlobalNorm, OneRanksWholeModelIsItsOwnTotal) {
   const model::ParamStore ps = store({model::Split::replicated, model::Split::column});
   // The total as given (GradNorm's own order), not re-added from the per-tensor sums.
@@ -48,7 +38,7 @@ TEST(GlobalNorm, OneRanksWholeModelIsItsOwnTotal) {
 
 TEST(GlobalNorm, TensorSlicesCountAWholeTensorOnce) {
   if (world_size() < 2) GTEST_SKIP() << "no tensor group";
-  const config::Layout layout = layout_of(world_size() / 2, 2, 1);
+  const config::Layout layout = dst::test::world_layout(world_size() / 2, 2, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   const model::ParamStore ps = store({model::Split::replicated, model::Split::column});
   GlobalNorm::Parts parts;
@@ -61,7 +51,7 @@ TEST(GlobalNorm, TensorSlicesCountAWholeTensorOnce) {
 
 TEST(GlobalNorm, OwnExpertsComeFromTheirHolders) {
   if (world_size() < 2) GTEST_SKIP() << "no expert group";
-  const config::Layout layout = layout_of(world_size(), 1, 1, 2);
+  const config::Layout layout = dst::test::world_layout(world_size(), 1, 1, 2);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   const model::ParamStore ps = store({model::Split::replicated, model::Split::replicated});
   GlobalNorm::Parts parts;
@@ -78,7 +68,7 @@ TEST(GlobalNorm, StagesAddInTheWholeModelsOrder) {
   if (world_size() < 2) GTEST_SKIP() << "one stage";
   const int P = world_size() >= 4 ? 4 : 2;
   if (world_size() % P != 0) GTEST_SKIP();
-  const config::Layout layout = layout_of(world_size() / P, 1, P);
+  const config::Layout layout = dst::test::world_layout(world_size() / P, 1, P);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   // The whole model: tensors 0, 1, 2 with 1e16, 1, -1e16 (in this order the 1 is lost:
   // 0; stage by stage below, 1e16 - 1e16 + 1 = 1). Stage 0 holds tensors 0 and 2, stage 1

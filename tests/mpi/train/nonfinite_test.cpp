@@ -38,31 +38,17 @@ std::vector<model::ParamSpec> specs(int slice = -1) {
   return s;
 }
 
-config::Layout layout_of(int data, int tensor, int pipeline) {
-  config::Layout l;
-  l.world_size = world_size();
-  l.data = data;
-  l.tensor = tensor;
-  l.pipeline = pipeline;
-  return l;
-}
-
 /// The name on this rank, checked equal to rank 0's.
 std::string named(const NonFiniteNamer& namer, const model::ParamStore& ps, std::int64_t offset,
                   std::vector<std::pair<std::size_t, std::size_t>> summed = {}) {
   if (summed.empty()) summed.emplace_back(0, ps.buffer_elements());
   const std::string what = namer.name(ps, {}, offset, summed);
-  std::vector<char> root(what.begin(), what.end());
-  int n = static_cast<int>(root.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  root.resize(static_cast<std::size_t>(n));
-  MPI_Bcast(root.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  EXPECT_EQ(std::string(root.begin(), root.end()), what) << "rank " << world_rank();
+  EXPECT_EQ(dst::test::rank0_text(what), what) << "rank " << world_rank();
   return what;
 }
 
 TEST(NonFiniteNamer, NamesTheLowestRankWhoseOwnGradientHadOne) {
-  const config::Layout layout = layout_of(world_size(), 1, 1);
+  const config::Layout layout = dst::test::world_layout(world_size(), 1, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   model::ParamStore ps(specs(), tensor::Arena::Mode::allocate);
   ps.zero_grads();
@@ -77,7 +63,7 @@ TEST(NonFiniteNamer, NamesTheLowestRankWhoseOwnGradientHadOne) {
 
 TEST(NonFiniteNamer, NamesTheStageAndTheSliceAndTheWholeTensorsElement) {
   if (world_size() != 4) GTEST_SKIP() << "2 stages x 2 tensor slices";
-  const config::Layout layout = layout_of(1, 2, 2);
+  const config::Layout layout = dst::test::world_layout(1, 2, 2);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   const model::ParamStore whole(specs(), tensor::Arena::Mode::plan);
   model::ParamStore ps(specs(groups.tensor_rank), tensor::Arena::Mode::allocate);
@@ -92,7 +78,7 @@ TEST(NonFiniteNamer, NamesTheStageAndTheSliceAndTheWholeTensorsElement) {
 }
 
 TEST(NonFiniteNamer, NamesTheLowestOverflowedSumOverTheShards) {
-  const config::Layout layout = layout_of(world_size(), 1, 1);
+  const config::Layout layout = dst::test::world_layout(world_size(), 1, 1);
   comm::ProcessGroups groups = comm::make_process_groups(MPI_COMM_WORLD, layout, 30.0);
   model::ParamStore ps(specs(), tensor::Arena::Mode::allocate);
   ps.zero_grads();
