@@ -18,22 +18,17 @@ usage: same_bits.py BASE_DSTRAIN NEW_DSTRAIN DECK GENERATOR WORKDIR [--only NAME
   (scripts/same-bits builds BASE_DSTRAIN from a git revision and runs this.)
 Exits 0 and prints "same bits: N layouts identical" when every comparison holds.
 """
+import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from training_e2e import read_h5  # noqa: E402
+from training_e2e import read_h5, setup  # noqa: E402
 
 STEPS, RESUME_AT = 12, 6
 SEQ, MICRO, GLOBAL = 32, 2, 8
-DEADLINE_S = 90
-KILL_AFTER_S = 300
 # metrics.jsonl keys that are measurements of time, memory or traffic, not results.
 TIMING_KEYS = ("tokens_per_s", "mfu", "step_ms", "peak_mem_bytes", "eta_s", "alltoall_ms",
                "tensor_allreduce_ms")
@@ -66,67 +61,39 @@ def results(record):
     return {k: v for k, v in record.items() if k not in TIMING_KEYS}
 
 
-class Runner:
-    def __init__(self, deck, data, work, launch):
-        self.deck, self.data, self.work, self.launch = deck, data, work, launch
-
-    def train(self, binary, name, ranks, sets):
-        out = os.path.join(self.work, name)
-        cmd = [self.launch[0], self.launch[1], str(ranks), "--oversubscribe", *self.launch[2:],
-               binary, "train", self.deck,
-               "--set", f"data.train={self.data}/train.txt",
-               "--set", f"data.valid={self.data}/valid.txt",
-               "--set", "data.text_separator=", "--set", f"data.seq_len={SEQ}",
-               "--set", f"training.micro_batch_size={MICRO}",
-               "--set", f"training.global_batch_size={GLOBAL}",
-               "--set", f"training.max_steps={STEPS}", "--set", "training.schedule.warmup_steps=2",
-               "--set", "logging.every_steps=1", "--set", "eval.every_steps=4",
-               "--set", "eval.batches=2", "--set", f"checkpoint.every_steps={RESUME_AT}",
-               "--set", "checkpoint.keep_last=2", "--set", "debug.consistency_every=3",
-               "--set", "parallel.bucket_mb=1",
-               "--set", f"run.output_dir={out}", "--set", f"parallel.timeout_s={DEADLINE_S}"]
-        for s in sets:
-            cmd += ["--set", s]
-        t0 = time.monotonic()
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=KILL_AFTER_S)
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"FAILED: {name} still running after {KILL_AFTER_S} s: killed")
-        if r.returncode != 0:
-            print(r.stdout + r.stderr)
-            raise SystemExit(f"FAILED: {name} exited {r.returncode}")
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            records = [results(json.loads(x)) for x in f if x.strip()]
-        records = [x for x in records if x.get("type") in ("step", "eval")]
-        return out, records, time.monotonic() - t0
+# Beyond training_e2e.Setup.train's settings (later --set values win): evaluations, two
+# checkpoints kept, the consistency check and small buckets exercised.
+COMMON = ["eval.every_steps=4", "eval.batches=2", "checkpoint.keep_last=2",
+          "debug.consistency_every=3", "parallel.bucket_mb=1"]
 
 
-def compare(name, what, a, b, problems):
-    if a == b:
-        return True
-    problems.append(f"{name}: {what} differ")
-    return False
+def train(launcher, name, ranks, sets):
+    """A run of `launcher`'s binary (a training_e2e.Setup) that must exit 0: its folder and
+    its step and eval records' results."""
+    out, r, took = launcher.train(name, ranks, COMMON + sets, seq=SEQ, micro=MICRO,
+                               global_batch=GLOBAL, steps=STEPS, checkpoint_every=RESUME_AT)
+    if r.returncode != 0:
+        print(r.stdout + r.stderr)
+        raise SystemExit(f"FAILED: {name} exited {r.returncode}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [results(json.loads(x)) for x in f if x.strip()]
+    return out, [x for x in records if x.get("type") in ("step", "eval")], took
 
 
 def main():
-    argv = sys.argv
-    sep = argv.index("--")
-    base, new, deck, generator, work, *rest = argv[1:sep]
-    launch = argv[sep + 1:]
+    # BASE NEW DECK GENERATOR WORK ...: training_e2e.setup() parses the rest as NEW's run
+    # (the work folder emptied, the synthetic corpus written), BASE runs the same.
+    base, *args = sys.argv[1:]
+    new_setup = setup(SEQ, [sys.argv[0], *args])
+    setups = {"base": dataclasses.replace(new_setup, dstrain=base), "new": new_setup}
     only = None
-    if rest[:1] == ["--only"]:
-        only = set(rest[1].split(","))
+    if new_setup.extra[:1] == ["--only"]:
+        only = set(new_setup.extra[1].split(","))
         unknown = only - set(LAYOUTS)
         if unknown:
             raise SystemExit(f"same_bits: unknown layouts {sorted(unknown)}; known: "
                              f"{', '.join(LAYOUTS)}")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    data = os.path.join(work, "data")
-    subprocess.run([sys.executable, generator, "generate", data, "--seq-len", str(SEQ),
-                    "--train-samples", "256", "--valid-samples", "8"], check=True,
-                   capture_output=True)
-    runner = Runner(deck, data, work, launch)
+    work = new_setup.work
     problems = []
     done = 0
     seconds = {"base": 0.0, "new": 0.0}
@@ -134,11 +101,11 @@ def main():
         if only and name not in only:
             continue
         runs = {}
-        for tag, binary in (("base", base), ("new", new)):
-            out, records, took = runner.train(binary, f"{name}-{tag}", ranks, sets)
+        for tag, launcher in setups.items():
+            out, records, took = train(launcher, f"{name}-{tag}", ranks, sets)
             ckpt = os.path.join(out, "checkpoints", f"step-{RESUME_AT}.h5")
-            _, resumed, took2 = runner.train(binary, f"{name}-{tag}-resumed", ranks,
-                                             sets + [f"checkpoint.resume={ckpt}"])
+            _, resumed, took2 = train(launcher, f"{name}-{tag}-resumed", ranks,
+                                      sets + [f"checkpoint.resume={ckpt}"])
             seconds[tag] += took + took2
             runs[tag] = {
                 "records": records,
