@@ -117,9 +117,9 @@ struct DenseModel::Impl {
   void take_all() {
     chunk_base.clear();
     record_chunk.clear();
-    for (std::size_t c = 0; c < chunks.size(); ++c) {
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
       chunk_base.push_back(record_chunk.size());
-      record_chunk.insert(record_chunk.end(), static_cast<std::size_t>(chunks[c].slots), c);
+      record_chunk.insert(record_chunk.end(), static_cast<std::size_t>(chunks[k].slots), k);
     }
     const std::size_t records = record_chunk.size();
     slot_layer.assign(records, std::vector<BlockActs>(static_cast<std::size_t>(L)));
@@ -179,10 +179,10 @@ struct DenseModel::Impl {
   template <class F>
   void each_routing(F&& f) const {
     std::vector<std::size_t> before(chunks.size(), 0);  // MoE blocks of the earlier chunks
-    for (std::size_t c = 1; c < chunks.size(); ++c)
-      each_moe(chunk_base[c - 1], [&](const Moe&, const BlockActs&) { ++before[c]; });
-    for (std::size_t c = 1; c < chunks.size(); ++c)
-      before[c] += before[c - 1];
+    for (std::size_t k = 1; k < chunks.size(); ++k)
+      each_moe(chunk_base[k - 1], [&](const Moe&, const BlockActs&) { ++before[k]; });
+    for (std::size_t k = 1; k < chunks.size(); ++k)
+      before[k] += before[k - 1];
     for (std::size_t r = 0; r < slot_layer.size(); ++r) {
       std::size_t b = before[record_chunk[r]];
       each_moe(r, [&](const Moe&, const BlockActs& a) {
@@ -734,6 +734,19 @@ void DenseModel::set_mtp_loss_scale(double ratio) {
 
 tensor::Tensor DenseModel::mtp_logits() const {
   return impl_->mtp.head.logits;
+}
+
+DType storage_type(config::Precision precision) {
+  switch (precision) {
+    case config::Precision::fp32:
+      return DType::f32;
+    case config::Precision::bf16:
+      return DType::bf16;
+    case config::Precision::fp16:
+      return DType::f16;
+  }
+  throw Error("model: training.precision holds no known value (" +
+              std::to_string(static_cast<int>(precision)) + ")");
 }
 
 }  // namespace dst::model

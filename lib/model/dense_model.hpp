@@ -44,6 +44,9 @@ struct ModelMemory {
   std::uint64_t workspace = 0;  ///< backward scratch and RoPE tables
 };
 
+/// training.precision -> the storage type the model computes with (docs/precision.md).
+DType storage_type(config::Precision precision);
+
 class DenseModel {
  public:
   /// A model for micro-batches of `batch` sequences of `seq_len` tokens. `storage` is

@@ -51,4 +51,13 @@ int Faults::checkpoint_exit_rank(bool have_checkpoint) const {
   return debug_.inject_exit_in_checkpoint && have_checkpoint ? world_size_ - 1 : -1;
 }
 
+std::size_t Faults::poison_offset(const config::ModelSection& model, const model::ParamStore& store,
+                                  std::int64_t last_block, std::int64_t first_expert) {
+  const std::string poisoned =
+      model.moe_layer(last_block)
+          ? ".mlp.experts." + std::to_string(first_expert) + ".down_proj.weight"
+          : ".mlp.down_proj.weight";
+  return store.spec(store.index_of("model.layers." + std::to_string(last_block) + poisoned)).offset;
+}
+
 }  // namespace dst::train

@@ -6,10 +6,12 @@
 /// (debug.inject_read_delay_ms goes to the data reader's options from here too).
 /// Every fault is for tests: docs/operations.md says what each one shows.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
 #include "config/run_config.hpp"
+#include "model/param_store.hpp"
 
 namespace dst::train {
 
@@ -37,6 +39,12 @@ class Faults {
   /// one of its own gradients during step `step` (counted from 0), NaN or +inf; nullopt
   /// when no gradient is poisoned.
   std::optional<float> gradient_poison(std::int64_t step) const;
+  /// Where in `store` (its flat gradient buffer) the poison goes: the first gradient of
+  /// the MLP output of `store`'s last block `last_block` (an MoE block's: of its first
+  /// routed expert, the first of `first_expert` with expert parallelism's storage).
+  static std::size_t poison_offset(const config::ModelSection& model,
+                                   const model::ParamStore& store, std::int64_t last_block,
+                                   std::int64_t first_expert);
 
   /// debug.inject_divergence_rank: this rank perturbs a parameter after step `step`
   /// (counted from 0), so that the cross-rank consistency check must catch it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 #include <string>
 
 #include "comm/process_groups.hpp"
@@ -219,6 +220,21 @@ double PipelineExecutor::sum_embedding_copies(float* grads, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
     grads[i] += theirs[i];
   return since(t0);
+}
+
+std::string PipelineExecutor::describe(const config::Layout& layout, int chunks,
+                                       const std::vector<model::StageBlocks>& stage0) {
+  std::ostringstream os;
+  os << "pipeline: " << layout.pipeline << " stages, "
+     << (chunks > 1 ? "interleaved, " + std::to_string(chunks) + " chunks per stage"
+                    : std::string("1f1b"))
+     << ", " << layout.grad_accum_steps << " micro-batches per step; bubble "
+     << model::bubble_fraction(static_cast<int>(layout.pipeline), layout.grad_accum_steps, chunks)
+     << "; stage 0 holds";
+  for (const model::StageBlocks& c : stage0)
+    os << (&c == &stage0.front() ? " " : ", ") << "blocks [" << c.first << ", " << c.last << ") x "
+       << c.slots << " records";
+  return os.str();
 }
 
 }  // namespace dst::train

@@ -15,11 +15,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "config/run_config.hpp"
+#include "model/stage.hpp"
 #include "tensor/tensor.hpp"
 
 namespace dst::train {
@@ -64,6 +66,11 @@ class PipelineExecutor {
   /// peers in a timeout's message.
   PipelineExecutor(comm::Communicator& pipeline, const config::Layout& layout, int world_rank,
                    int chunks);
+  /// The schedule in a line for the log: `layout`'s stages and micro-batches, 1f1b or
+  /// interleaved with its `chunks` per stage, the bubble, and the blocks of stage 0's
+  /// chunks `stage0` (model::rank_chunks).
+  static std::string describe(const config::Layout& layout, int chunks,
+                              const std::vector<model::StageBlocks>& stage0);
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;

@@ -187,7 +187,7 @@ def main():
 
     # bf16 with ZeRO: the fp32 master is sharded, each correction bias's master elements in
     # one rank's shard; the trainer moves them there and rounds them into every rank's
-    # compute copy (Trainer::move_moe_bias), so stages 1 and 2 train as stage 0 bit for bit
+    # compute copy (GradSync::bias_moved), so stages 1 and 2 train as stage 0 bit for bit
     # with the biases moving (refused until 2026-12-07).
     bf16 = ("--set", "training.precision=bf16")
     for expert, zero in ((2, 1), (1, 2)):

@@ -410,7 +410,7 @@ TEST(DeckErrors, ZeroStageIsZeroToTwoAndNotWithNccl) {
 }
 
 // ZeRO's sharded fp32 master (bf16/fp16) and DeepSeekMoE's moving correction bias compose
-// (the trainer moves the master shards' biases: Trainer::move_moe_bias); refused until
+// (the trainer moves the master shards' biases: GradSync::bias_moved); refused until
 // 2026-12-07.
 TEST(DeckErrors, ZeroWithSixteenBitMasterTakesAMovingMoeBias) {
   const std::string moe = "model: {preset: tiny-moe}\nparallel: {zero_stage: 1}\n";

@@ -275,8 +275,8 @@ TEST_P(ExpertSlots, HoldTheirOwnExpertsLast) {
   EXPECT_THROW(dst::model::Transformer(m, {}, {0, 3}), dst::Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformer, ExpertSlots, ::testing::Values(0, 1), [](const auto& info) {
-  return info.param == 0 ? std::string("Model") : std::string("ModelAndMtpModule");
+INSTANTIATE_TEST_SUITE_P(Transformer, ExpertSlots, ::testing::Values(0, 1), [](const auto& slot) {
+  return slot.param == 0 ? std::string("Model") : std::string("ModelAndMtpModule");
 });
 
 TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {

@@ -1,11 +1,11 @@
 // train::step_spread: how far the ranks' work lay apart step by step, and how much of a
-// rank's exposed communication was waiting for a slower rank (train/trainer.hpp).
+// rank's exposed communication was waiting for a slower rank (train/work_spread.hpp).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "core/error.hpp"
-#include "train/trainer.hpp"
+#include "train/work_spread.hpp"
 
 namespace dst::train {
 namespace {
