@@ -8,8 +8,10 @@
 #include "core/log.hpp"
 #include "core/version.hpp"
 #include "model/plan.hpp"
+#include "plan_text.hpp"
 #include "runtime/runtime.hpp"
 #include "session.hpp"
+#include "train/plan.hpp"
 
 namespace dst::app {
 
@@ -43,7 +45,7 @@ int run_check(runtime::Runtime& rt, const Command& cmd) {
   // above (start-up, process groups) on their own layout.
   const config::Layout planned =
       cmd.check.plan_ranks > 0 ? config::resolve_layout(cfg, cmd.check.plan_ranks) : layout;
-  model::PlanOptions options;
+  train::PlanOptions options;
   options.zero_stage = cfg.parallel.zero_stage;
   options.bucket_copies = session.backends.comm != runtime::CommBackend::shm;
   const std::string& gpu = rt.device().name;
@@ -53,15 +55,15 @@ int run_check(runtime::Runtime& rt, const Command& cmd) {
     options.host = gpu.find("H200") != std::string::npos ? "h200" : "h100";
   else
     options.host = session.backends.comm == runtime::CommBackend::mpi ? "cpu-mpi" : "cpu";
-  const model::Plan plan = model::make_plan(cfg, planned, options);
+  const train::Plan plan = train::make_plan(cfg, planned, options);
   // The smallest memory any rank has decides whether the plan fits; a planned layout
   // of other ranks is compared with its host kind's device.
   unsigned long long available = rt.device().available_bytes_per_rank;
   groups.world->allreduce(&available, 1, DType::u64, comm::ReduceOp::min);
   if (cmd.check.plan_ranks > 0)
-    available = static_cast<unsigned long long>(model::host_rates(options.host).memory_gib *
+    available = static_cast<unsigned long long>(train::host_rates(options.host).memory_gib *
                                                 1024.0 * 1024.0 * 1024.0);
-  log::info(model::format_plan(cfg, planned, plan, available));
+  log::info(format_plan(cfg, planned, plan, available));
 
   if (available > 0 && plan.memory.total() > available) {
     const std::string msg = "the plan needs " +

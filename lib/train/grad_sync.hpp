@@ -73,7 +73,7 @@ class GradSync {
   /// [0, own.offset) over `data_ranks` (shards of whole tensors; parts of the buffer where
   /// the ranks share the update, `shared`), and the own experts [own.offset, end) over
   /// `expert_data_ranks` (offsets relative to own.offset; none when the store holds no own
-  /// experts).
+  /// experts). train::make_plan sizes a rank's state with the same shards.
   struct Shards {
     ZeroShards replicated;
     std::unique_ptr<ZeroShards> own_experts;
@@ -153,6 +153,11 @@ class GradSync {
   void restored(std::int64_t optimizer_steps);
   /// Steps the optimizer has applied.
   std::int64_t optimizer_steps() const { return optimizer_->step_count(); }
+  /// Bytes of this rank's AdamW moments (both regions' optimizers): what train::make_plan
+  /// plans as MemoryPlan::optimizer for the heaviest rank.
+  std::size_t moment_bytes() const {
+    return optimizer_->bytes() + (expert_optimizer_ ? expert_optimizer_->bytes() : 0);
+  }
 
  protected:
   GradSync(const Setup& setup, int zero_stage);

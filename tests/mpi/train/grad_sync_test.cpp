@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "mpi_world.hpp"
 #include "train/grad_sync.hpp"
+#include "train/plan.hpp"
 
 namespace dst::train {
 namespace {
@@ -245,6 +246,21 @@ TEST(GradSync, ShardsTheStateOverTheDataRanks) {
   }
 }
 
+TEST(GradSync, TheHeaviestRanksMomentsAreWhatThePlanSays) {
+  // `dstrain check`'s plan sizes ZeRO's state with the strategies' own shards: the most
+  // moment bytes any rank holds is the plan's optimizer memory, to the byte.
+  for (const Case& c : {kCases[0], kCases[1], kCases[2], kCases[3], kCases[4]}) {
+    SCOPED_TRACE(c.name);
+    Synced run(c);
+    std::uint64_t most = run.sync->moment_bytes();
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    PlanOptions options;
+    options.zero_stage = run.sync->zero_stage();
+    options.bucket_copies = c.backend != runtime::CommBackend::shm;
+    EXPECT_EQ(most, make_plan(run.cfg, run.layout, options).memory.optimizer);
+  }
+}
+
 TEST(GradSync, OwnExpertsAreASecondRegion) {
   // tiny-moe with one expert slot per rank: the replicated tensors summed over the data
   // group, each rank's own experts over its expert-data group (itself).
@@ -263,6 +279,12 @@ TEST(GradSync, OwnExpertsAreASecondRegion) {
     EXPECT_NE(run.model->params().spec(own.first_tensor).name.find(".mlp.experts."),
               std::string::npos);
     expect_reference_bits(run);
+    std::uint64_t most = run.sync->moment_bytes();
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    PlanOptions options;
+    options.zero_stage = run.sync->zero_stage();
+    EXPECT_EQ(most, make_plan(run.cfg, run.layout, options).memory.optimizer)
+        << "the plan's optimizer memory";
   }
 }
 

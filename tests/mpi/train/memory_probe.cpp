@@ -1,7 +1,7 @@
 // `dstrain check`'s memory plan against a measured training step, per rank: the Trainer
 // (model, gradients, AdamW, gradient buckets or the shared-memory buffers) built and two
 // optimizer steps run on every rank of the launch, and each rank's memory compared with
-// the plan's total for that layout (model::make_plan). Exits non-zero if any rank is off
+// the plan's total for that layout (train::make_plan). Exits non-zero if any rank is off
 // by more than 10%.
 //
 // Measured per rank = the proportional set size (Pss, /proc/self/smaps_rollup) after the
@@ -30,7 +30,7 @@
 #include "comm/process_groups.hpp"
 #include "config/deck.hpp"
 #include "core/log.hpp"
-#include "model/plan.hpp"
+#include "train/plan.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -114,11 +114,11 @@ int probe(int argc, char** argv, int rank, int world) {
   dst::train::Trainer::Options options;
   const bool shm = backend == "shm" && world > 1;  // one rank alone has nothing to share
   options.grad_comm = shm ? dst::runtime::CommBackend::shm : dst::runtime::CommBackend::mpi;
-  dst::model::PlanOptions plan_options;
+  dst::train::PlanOptions plan_options;
   plan_options.bucket_copies = !shm;
   plan_options.zero_stage = cfg.parallel.zero_stage;
   plan_options.rank = groups.data->rank();  // each rank against its own plan
-  const dst::model::Plan plan = dst::model::make_plan(cfg, layout, plan_options);
+  const dst::train::Plan plan = dst::train::make_plan(cfg, layout, plan_options);
 
   MPI_Barrier(MPI_COMM_WORLD);
   const Sample base = Sample::now();
