@@ -27,12 +27,19 @@ dst::config::ModelSection preset(const std::string& name) {
   return dst::config::load_deck_text("model: {preset: " + name + "}\n", "benchmark").model;
 }
 
+/// A model's options on the back end `ctx`.
+dst::model::ModelOptions on(dst::tensor::ExecContext ctx) {
+  dst::model::ModelOptions o;
+  o.ctx = ctx;
+  return o;
+}
+
 // One model of a preset with its micro-batch of pseudo-random tokens.
 struct Pass {
   Pass(const std::string& name, std::int64_t batch, dst::tensor::ExecContext ctx = {})
       : m(preset(name)),
         T(m.max_seq_len),
-        model(m, batch, T, dst::tensor::Arena::Mode::allocate, ctx),
+        model(m, batch, T, dst::tensor::Arena::Mode::allocate, on(ctx)),
         tokens(static_cast<std::size_t>(batch * T)),
         targets(tokens.size()) {
     model.params().initialize(1234);

@@ -296,25 +296,20 @@ struct DenseModel::Impl {
 };
 
 DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-                       tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
-                       bool deterministic, float* gradient_memory, float* param_memory,
-                       config::Recompute recompute, bool master_outside, const StageBlocks& stage,
-                       const TensorSlice& tp, const ExpertSlice& ep)
-    : DenseModel(m, batch, seq_len, mode, ctx, storage, deterministic, gradient_memory,
-                 param_memory, recompute, master_outside, std::vector<StageBlocks>{stage}, tp, ep) {
-}
-
-DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-                       tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage,
-                       bool deterministic, float* gradient_memory, float* param_memory,
-                       config::Recompute recompute, bool master_outside,
-                       const std::vector<StageBlocks>& chunks, const TensorSlice& tp,
-                       const ExpertSlice& ep)
-    : impl_(std::make_unique<Impl>(m, tp, ep)),
-      params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(chunks), mode, ctx,
-                                           gradient_memory, param_memory)),
+                       tensor::Arena::Mode mode, const ModelOptions& options)
+    : impl_(std::make_unique<Impl>(m, options.tp, options.ep)),
+      params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(options.chunks), mode,
+                                           options.ctx, options.gradient_memory,
+                                           options.param_memory)),
       B_(batch),
       T_(seq_len) {
+  const tensor::ExecContext& ctx = options.ctx;
+  const DType storage = options.storage;
+  const bool deterministic = options.deterministic;
+  const config::Recompute recompute = options.recompute;
+  const bool master_outside = options.master_outside;
+  const std::vector<StageBlocks>& chunks = options.chunks;
+  const TensorSlice& tp = options.tp;
   if (batch < 1 || seq_len < 1 || seq_len > m.max_seq_len)
     throw Error("model: micro-batch " + std::to_string(batch) + " x seq_len " +
                 std::to_string(seq_len) + " is invalid for max_seq_len " +

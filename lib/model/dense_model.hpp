@@ -47,44 +47,54 @@ struct ModelMemory {
 /// training.precision -> the storage type the model computes with (docs/precision.md).
 DType storage_type(config::Precision precision);
 
-class DenseModel {
- public:
-  /// A model for micro-batches of `batch` sequences of `seq_len` tokens. `storage` is
-  /// the element type parameters and activations are stored in for compute
+/// How a DenseModel is built beyond its shape; the defaults are a one-rank f32 model on the
+/// host holding every block.
+struct ModelOptions {
+  /// The back end whose memory holds the parameters, gradients and activations.
+  tensor::ExecContext ctx;
+  /// The element type parameters and activations are stored in for compute
   /// (training.precision: f32 | bf16 | f16). Every buffer stays f32; for bf16 and f16 the
   /// values are rounded to the storage type where a 16-bit back end would store them
   /// (docs/precision.md), and the forward/backward read a rounded compute copy of the fp32
   /// master parameters (refresh_compute_params()). f32 computes on the master parameters
-  /// directly. `deterministic` false
-  /// (debug.deterministic) allows kernels whose results may differ in the last bits from
-  /// run to run: the fused attention of the CUDA back end (cuDNN SDPA, whose backward
+  /// directly.
+  DType storage = DType::f32;
+  /// false (debug.deterministic) allows kernels whose results may differ in the last bits
+  /// from run to run: the fused attention of the CUDA back end (cuDNN SDPA, whose backward
   /// accumulates with atomics), used where it supports the shape and the storage type.
-  /// `gradient_memory`, `param_memory`: see ParamStore (the data group's shared-memory
-  /// buffers). `recompute` (training.recompute): which activations are not kept but
-  /// recomputed in backward; the losses and gradients are the same bit for bit, only the
-  /// memory (memory()) and the backward's time differ. `master_outside` (ZeRO stage >= 1
-  /// with bf16/fp16): the fp32 master parameters are kept outside the model (each data
-  /// rank's optimizer holds its shard of them), and the parameter buffer (params()) *is*
-  /// the compute copy: no second parameter-sized buffer; refresh_compute_params() rounds
-  /// it in place, but for the MoE routers' gate weights and correction biases, which stay
-  /// the master's fp32 values (the router computes in fp32 from the master's, Moe::forward).
-  /// Nothing changes for f32. `tp`: this rank's tensor-parallel slice of the
-  /// layers (layers/tensor_parallel.hpp); set_tensor_parallel() gives the group. `ep`:
-  /// this rank's expert slice (its routed experts only, layers/moe_dispatch.hpp);
+  bool deterministic = true;
+  /// See ParamStore: memory the gradients and parameters live in (the data group's
+  /// shared-memory buffers, ZeRO stage 2's untouched pages), else the store's own.
+  float* gradient_memory = nullptr;
+  float* param_memory = nullptr;
+  /// training.recompute: which activations are not kept but recomputed in backward; the
+  /// losses and gradients are the same bit for bit, only the memory (memory()) and the
+  /// backward's time differ.
+  config::Recompute recompute = config::Recompute::none;
+  /// ZeRO stage >= 1 with bf16/fp16: the fp32 master parameters are kept outside the model
+  /// (each data rank's optimizer holds its shard of them), and the parameter buffer
+  /// (params()) *is* the compute copy: no second parameter-sized buffer;
+  /// refresh_compute_params() rounds it in place, but for the MoE routers' gate weights
+  /// and correction biases, which stay the master's fp32 values (the router computes in
+  /// fp32 from the master's, Moe::forward). Nothing changes for f32.
+  bool master_outside = false;
+  /// The chunks of blocks this rank holds (model/stage.hpp rank_chunks: a pipeline stage's
+  /// one, or several under the interleaved schedule, each with its own records).
+  std::vector<StageBlocks> chunks{StageBlocks::whole()};
+  /// This rank's tensor-parallel slice of the layers (layers/tensor_parallel.hpp);
+  /// set_tensor_parallel() gives the group.
+  TensorSlice tp;
+  /// This rank's expert slice (its routed experts only, layers/moe_dispatch.hpp);
   /// set_expert_parallel() gives the group, which a forward then needs.
+  ExpertSlice ep;
+};
+
+class DenseModel {
+ public:
+  /// A model for micro-batches of `batch` sequences of `seq_len` tokens, laid out (plan)
+  /// or allocated per `mode`, built as `options` says.
   DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-             tensor::Arena::Mode mode, tensor::ExecContext ctx = {}, DType storage = DType::f32,
-             bool deterministic = true, float* gradient_memory = nullptr,
-             float* param_memory = nullptr, config::Recompute recompute = config::Recompute::none,
-             bool master_outside = false, const StageBlocks& stage = StageBlocks::whole(),
-             const TensorSlice& tp = {}, const ExpertSlice& ep = {});
-  /// A pipeline rank's chunks of blocks (model/stage.hpp rank_chunks: several under the
-  /// interleaved schedule, each with its own records).
-  DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-             tensor::Arena::Mode mode, tensor::ExecContext ctx, DType storage, bool deterministic,
-             float* gradient_memory, float* param_memory, config::Recompute recompute,
-             bool master_outside, const std::vector<StageBlocks>& chunks,
-             const TensorSlice& tp = {}, const ExpertSlice& ep = {});
+             tensor::Arena::Mode mode, const ModelOptions& options = {});
   ~DenseModel();
   DenseModel(const DenseModel&) = delete;
   DenseModel& operator=(const DenseModel&) = delete;

@@ -106,9 +106,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // stages, on each stage holding an MoE block (own_expert_storage, planned per stage
   // below).
   const ExpertSlice experts{0, model::own_expert_storage(c) ? layout.expert : 1};
-  const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
-                         DType::f32, true, nullptr, nullptr, c.training.recompute, false,
-                         StageBlocks::whole(), slice, experts);
+  model::ModelOptions planned;
+  planned.recompute = c.training.recompute;
+  planned.tp = slice;
+  planned.ep = experts;
+  const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, planned);
   std::int64_t logical = 0;
   for (const ParamSpec& s : model.params().specs())
     logical += model::logical_shape(s).numel() * s.ep_size;  // an expert slot's: every slot's
@@ -219,9 +221,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     for (int s = 0; s < layout.pipeline; ++s) {
       const std::vector<StageBlocks>& chunks = ranks_chunks[static_cast<std::size_t>(s)];
       const ExpertSlice stage_experts{0, model::own_expert_storage(c, s) ? layout.expert : 1};
-      const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, {},
-                            DType::f32, true, nullptr, nullptr, c.training.recompute, false, chunks,
-                            slice, stage_experts);
+      model::ModelOptions stage_options = planned;
+      stage_options.chunks = chunks;
+      stage_options.ep = stage_experts;
+      const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan,
+                            stage_options);
       Plan::Stage st;
       st.first = chunks.front().first;
       st.last = chunks.back().last;

@@ -145,11 +145,19 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
       model::stage_parameter_layout(config.model, chunks, slice, experts));
   sync.own_experts = expert_storage_;
   sync_ = GradSync::make(sync);
-  model_ = std::make_unique<model::DenseModel>(
-      config.model, micro, T, tensor::Arena::Mode::allocate, ctx_,
-      model::storage_type(config.training.precision), config.debug.deterministic,
-      sync_->grad_memory(), sync_->param_memory(), config.training.recompute, sync_->master_shard(),
-      chunks, slice, experts);
+  model::ModelOptions mo;
+  mo.ctx = ctx_;
+  mo.storage = model::storage_type(config.training.precision);
+  mo.deterministic = config.debug.deterministic;
+  mo.gradient_memory = sync_->grad_memory();
+  mo.param_memory = sync_->param_memory();
+  mo.recompute = config.training.recompute;
+  mo.master_outside = sync_->master_shard();
+  mo.chunks = chunks;
+  mo.tp = slice;
+  mo.ep = experts;
+  model_ = std::make_unique<model::DenseModel>(config.model, micro, T,
+                                               tensor::Arena::Mode::allocate, mo);
   sync_->attach(model_->params());
   // Tensor parallelism: every forward and backward reduces over the tensor group.
   if (tensor_ > 1) {

@@ -1,6 +1,7 @@
 // The gradient synchronisation strategies (train/grad_sync.hpp) at 1, 2 and 4 ranks on the
-// tiny model: replicated buckets over MPI, the shared-memory update (whole and ZeRO-1),
-// ZeRO 1 and 2 over MPI (fp32, and bf16 with the master shard), and own experts (tiny-moe,
+// tiny model: replicated buckets over MPI, the shared-memory update (whole, ZeRO-1, and
+// ZeRO-2 with the bf16 master shard), ZeRO 1 and 2 over MPI (fp32, and bf16 with the
+// master shard), and own experts (tiny-moe,
 // one expert slot per rank) as a second region. Every rank writes gradients of its own
 // whose sum over the ranks is exact in f32; a one-rank reference (a model of the same
 // layout, AdamW over its whole store, the summed gradients) must then give the same bits:
@@ -75,24 +76,26 @@ struct Synced {
     setup.config = &cfg;
     setup.groups = &groups;
     setup.backend = c.backend;
-    const DType storage = model::storage_type(cfg.training.precision);
     const model::ExpertSlice experts{own_experts ? groups.expert_rank : 0,
                                      own_experts ? layout.expert : 1};
     setup.elements = model::flat_buffer_elements(model::stage_parameter_layout(
         cfg.model, {model::StageBlocks::whole()}, model::TensorSlice{}, experts));
     setup.own_experts = own_experts;
     sync = GradSync::make(setup);
-    model = std::make_unique<model::DenseModel>(
-        cfg.model, 1, kSeq, tensor::Arena::Mode::allocate, tensor::ExecContext{}, storage, true,
-        sync->grad_memory(), sync->param_memory(), config::Recompute::none, sync->master_shard(),
-        model::StageBlocks::whole(), model::TensorSlice{}, experts);
+    model::ModelOptions options;
+    options.storage = model::storage_type(cfg.training.precision);
+    options.ep = experts;
+    // The reference: the same layout in memory of its own, its master inside.
+    reference = std::make_unique<model::DenseModel>(cfg.model, 1, kSeq,
+                                                    tensor::Arena::Mode::allocate, options);
+    options.gradient_memory = sync->grad_memory();
+    options.param_memory = sync->param_memory();
+    options.master_outside = sync->master_shard();
+    model = std::make_unique<model::DenseModel>(cfg.model, 1, kSeq, tensor::Arena::Mode::allocate,
+                                                options);
     sync->attach(model->params());
     model->params().initialize(7);
     sync->initialize(*model);
-    reference = std::make_unique<model::DenseModel>(
-        cfg.model, 1, kSeq, tensor::Arena::Mode::allocate, tensor::ExecContext{}, storage, true,
-        nullptr, nullptr, config::Recompute::none, false, model::StageBlocks::whole(),
-        model::TensorSlice{}, experts);
     reference->params().initialize(7);
     reference_optimizer = std::make_unique<AdamW>(cfg.training.optimizer, reference->params());
   }
@@ -150,6 +153,11 @@ const Case kCases[] = {
          "}\n"
          "parallel: {zero_stage: 1, bucket_mb: 0.02}\n",
      runtime::CommBackend::mpi},
+    {"shared_zero2_bf16_master_shard",
+     "model: {preset: tiny}\ntraining: {precision: bf16, " + kBatch +
+         "}\n"
+         "parallel: {zero_stage: 2, bucket_mb: 0.02}\n",
+     runtime::CommBackend::shm},
 };
 
 /// The same bits as the reference: the sums this rank holds, the norm's local total, the

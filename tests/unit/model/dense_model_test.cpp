@@ -22,6 +22,13 @@ namespace {
 using dst::model::DenseModel;
 using dst::tensor::Arena;
 
+/// A model's options storing parameters and activations as `storage`.
+dst::model::ModelOptions stored_as(dst::DType storage) {
+  dst::model::ModelOptions o;
+  o.storage = storage;
+  return o;
+}
+
 class KokkosEnvironment : public ::testing::Environment {
  public:
   void SetUp() override { Kokkos::initialize(); }
@@ -251,7 +258,7 @@ TEST(DenseModelPrecision, F32IsUnchangedAnd16BitStorageIsCloseButNotEqual) {
   const double ref = plain.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
   const auto n = plain.params().buffer_elements();
   for (const dst::DType st : {dst::DType::f32, dst::DType::bf16, dst::DType::f16}) {
-    DenseModel model(m, 2, 5, Arena::Mode::allocate, {}, st);
+    DenseModel model(m, 2, 5, Arena::Mode::allocate, stored_as(st));
     EXPECT_EQ(model.storage(), st);
     model.params().initialize(7);
     model.refresh_compute_params();
@@ -282,8 +289,8 @@ TEST(DenseModelPrecision, F32IsUnchangedAnd16BitStorageIsCloseButNotEqual) {
 TEST(DenseModelPrecision, ComputeCopyFollowsTheMasterOnlyWhenRefreshed) {
   const auto m = small_gqa();
   const Batch batch = make_batch(10, 11, 3);
-  DenseModel a(m, 2, 5, Arena::Mode::allocate, {}, dst::DType::bf16);
-  DenseModel b(m, 2, 5, Arena::Mode::allocate, {}, dst::DType::bf16);
+  DenseModel a(m, 2, 5, Arena::Mode::allocate, stored_as(dst::DType::bf16));
+  DenseModel b(m, 2, 5, Arena::Mode::allocate, stored_as(dst::DType::bf16));
   a.params().initialize(7);
   a.refresh_compute_params();
   b.params().initialize(8);
@@ -306,9 +313,10 @@ TEST(DenseModelPrecision, MasterOutsideComputesWithTheSameBits) {
   const auto m = small_gqa();
   const Batch batch = make_batch(10, 11, 3);
   for (const dst::DType st : {dst::DType::bf16, dst::DType::f16}) {
-    DenseModel own(m, 2, 5, Arena::Mode::allocate, {}, st);
-    DenseModel outside(m, 2, 5, Arena::Mode::allocate, {}, st, true, nullptr, nullptr,
-                       dst::config::Recompute::none, true);
+    dst::model::ModelOptions o = stored_as(st);
+    DenseModel own(m, 2, 5, Arena::Mode::allocate, o);
+    o.master_outside = true;
+    DenseModel outside(m, 2, 5, Arena::Mode::allocate, o);
     own.params().initialize(7);
     own.refresh_compute_params();
     outside.params().initialize(7);

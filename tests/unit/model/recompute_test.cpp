@@ -79,7 +79,10 @@ struct Result {
 };
 
 Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage, Recompute r) {
-  DenseModel net(m, kB, kT, Arena::Mode::allocate, {}, storage, true, nullptr, nullptr, r);
+  dst::model::ModelOptions options;
+  options.storage = storage;
+  options.recompute = r;
+  DenseModel net(m, kB, kT, Arena::Mode::allocate, options);
   net.params().initialize(3);
   net.refresh_compute_params();
   net.params().zero_grads();
@@ -180,8 +183,9 @@ TEST(Recompute, MultiTokenPredictionIsBitIdenticalAndCountsLoadsOnce) {
 TEST(Recompute, LatentAttentionAndMoeKeepLess) {
   const auto m = mla_moe_model();
   const auto mem = [&](Recompute r) {
-    return DenseModel(m, kB, kT, Arena::Mode::plan, {}, DType::f32, true, nullptr, nullptr, r)
-        .memory();
+    dst::model::ModelOptions o;
+    o.recompute = r;
+    return DenseModel(m, kB, kT, Arena::Mode::plan, o).memory();
   };
   const auto none = mem(Recompute::none), selective = mem(Recompute::selective),
              full = mem(Recompute::full);
@@ -197,8 +201,9 @@ TEST(Recompute, KeepsLessActivationMemory) {
   const auto m = model(2);
   const std::int64_t N = kB * kT, C = m.d_model, H = m.n_heads, L = m.n_layers;
   const auto mem = [&](Recompute r) {
-    return DenseModel(m, kB, kT, Arena::Mode::plan, {}, DType::f32, true, nullptr, nullptr, r)
-        .memory();
+    dst::model::ModelOptions o;
+    o.recompute = r;
+    return DenseModel(m, kB, kT, Arena::Mode::plan, o).memory();
   };
   const auto none = mem(Recompute::none), selective = mem(Recompute::selective),
              full = mem(Recompute::full);

@@ -47,6 +47,13 @@ dst::model::StageBlocks one_block(std::int64_t block, bool embedding, bool head,
   return sb;
 }
 
+/// A model's options holding `chunks` of blocks (a stage's, or several under interleaving).
+dst::model::ModelOptions holding(std::vector<dst::model::StageBlocks> chunks) {
+  dst::model::ModelOptions o;
+  o.chunks = std::move(chunks);
+  return o;
+}
+
 std::string splits(const std::vector<dst::model::ParamSpec>& specs) {
   std::string s;
   for (const auto& p : specs)
@@ -360,9 +367,7 @@ TEST(PipelineStages, ThreeStagesGiveTheWholeModelsLossAndGradients) {
   std::vector<std::unique_ptr<DenseModel>> stages;
   for (int s = 0; s < 3; ++s) {
     stages.push_back(std::make_unique<DenseModel>(
-        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
-        nullptr, dst::config::Recompute::none, false,
-        one_block(s, s == 0, s == 2, s == 1 ? 2 : 1)));
+        m, B, T, Arena::Mode::allocate, holding({one_block(s, s == 0, s == 2, s == 1 ? 2 : 1)})));
     stages.back()->params().initialize(7);
     stages.back()->refresh_compute_params();
   }
@@ -439,10 +444,8 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
   whole.refresh_compute_params();
   std::vector<std::unique_ptr<DenseModel>> st;
   for (int s = 0; s < 3; ++s) {
-    st.push_back(std::make_unique<DenseModel>(m, B, T, Arena::Mode::allocate,
-                                              dst::tensor::ExecContext{}, dst::DType::f32, true,
-                                              nullptr, nullptr, dst::config::Recompute::none, false,
-                                              one_block(s, s == 0, s == 2, s == 2 ? 1 : 2)));
+    st.push_back(std::make_unique<DenseModel>(
+        m, B, T, Arena::Mode::allocate, holding({one_block(s, s == 0, s == 2, s == 2 ? 1 : 2)})));
     st.back()->params().initialize(7);
     st.back()->refresh_compute_params();
     st.back()->params().zero_grads();
@@ -535,9 +538,7 @@ TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
   whole.refresh_compute_params();
   const auto chunk = one_block;
   const auto make = [&](const std::vector<dst::model::StageBlocks>& chunks) {
-    auto d = std::make_unique<DenseModel>(
-        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
-        nullptr, dst::config::Recompute::none, false, chunks);
+    auto d = std::make_unique<DenseModel>(m, B, T, Arena::Mode::allocate, holding(chunks));
     d->params().initialize(7);
     d->refresh_compute_params();
     return d;
@@ -626,9 +627,8 @@ TEST(PipelineStages, TheLastStagesCopyOfTheTableSumsToTheWholeModelsGradient) {
   last.last = 3;
   std::vector<std::unique_ptr<DenseModel>> stages;
   for (const auto& blocks : {first, last}) {
-    stages.push_back(std::make_unique<DenseModel>(
-        m, B, T, Arena::Mode::allocate, dst::tensor::ExecContext{}, dst::DType::f32, true, nullptr,
-        nullptr, dst::config::Recompute::none, false, blocks));
+    stages.push_back(
+        std::make_unique<DenseModel>(m, B, T, Arena::Mode::allocate, holding({blocks})));
     stages.back()->params().initialize(7);
     stages.back()->refresh_compute_params();
   }

@@ -15,17 +15,9 @@
 
 namespace {
 
+// DeepSeek LLM 7B's published shapes (the deck's preset; model/plan_test checks them).
 dst::config::ModelSection deepseek_llm_7b() {
-  dst::config::ModelSection m;
-  m.preset = "deepseek-llm-7b";
-  m.vocab_size = 102400;
-  m.d_model = 4096;
-  m.n_layers = 30;
-  m.n_heads = 32;
-  m.n_kv_heads = 32;
-  m.ffn_dim = 11008;
-  m.max_seq_len = 4096;
-  return m;
+  return dst::config::preset_model("deepseek-llm-7b");
 }
 
 TEST(Plan, MemoryScalesWithPrecisionNotWithLayout) {
@@ -231,9 +223,10 @@ TEST(Plan, PipelineStagesHoldMoeBlocks) {
     const auto& st = plan.stages[static_cast<std::size_t>(s)];
     EXPECT_EQ(st.in_flight, std::min<std::int64_t>(3 - s, 4));
     const dst::model::StageBlocks sb = dst::model::stage_blocks(c, s, st.in_flight);
-    const dst::model::DenseModel part(
-        c.model, 1, T, dst::tensor::Arena::Mode::plan, {}, dst::DType::f32, true, nullptr, nullptr,
-        dst::config::Recompute::none, false, sb, {}, dst::model::ExpertSlice{0, 2});
+    dst::model::ModelOptions o;
+    o.chunks = {sb};
+    o.ep = dst::model::ExpertSlice{0, 2};
+    const dst::model::DenseModel part(c.model, 1, T, dst::tensor::Arena::Mode::plan, o);
     EXPECT_EQ(part.moe_blocks(), moe_blocks[s]);
     EXPECT_EQ(st.parameters, part.params().parameter_count());
     const std::uint64_t ep =
