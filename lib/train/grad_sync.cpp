@@ -44,6 +44,7 @@ class Replicated final : public GradSync {
                                                     cfg_.parallel.init_timeout_s, ctx_.stream);
     }
   }
+  ~Replicated() override { release_buckets(); }  // before the communicator they sum over
 
   double norm_sums(GradNorm& norm, std::vector<double>& per_tensor) override {
     const double total = norm.compute(ctx_, *store_);
@@ -98,6 +99,7 @@ class Shared final : public GradSync {
     param_memory_ = shared_->local(kParams);
     gather_slot_ = shared_->slots() - 1;
   }
+  ~Shared() override { release_buckets(); }  // before the shared buffers they sum in
 
   double norm_sums(GradNorm& norm, std::vector<double>& per_tensor) override {
     // The ranks sharing the update share the norm too (the gradients are replicated).
@@ -179,6 +181,7 @@ class Zero final : public GradSync {
   Zero(const Setup& setup, int zero_stage) : GradSync(setup, zero_stage) {
     if (zero_stage_ == 2) map_gradient_pages(setup.elements);
   }
+  ~Zero() override { release_buckets(); }  // before the pages they release
 
   double norm_sums(GradNorm& norm, std::vector<double>& per_tensor) override {
     const AdamWState st = optimizer_->state();
@@ -293,8 +296,8 @@ class Zero final : public GradSync {
     return since(t0);
   }
 
-  /// Stage 2's gradient memory (declared before anything that holds the model, which it
-  /// must outlive: the trainer keeps the strategy longer than the model).
+  /// Stage 2's gradient memory, which the model's store uses (the trainer keeps the
+  /// strategy longer than the model).
   std::shared_ptr<void> pages_;
 };
 
@@ -378,6 +381,11 @@ void GradSync::attach(model::ParamStore& store) {
   own_experts_ = own_experts_wanted_ ? locate_own_experts(store)
                                      : OwnExperts{store.size(), store.buffer_elements()};
   make_parts(store);
+}
+
+void GradSync::release_buckets() {
+  expert_buckets_.reset();
+  buckets_.reset();
 }
 
 void GradSync::zero_gradients() {

@@ -167,6 +167,10 @@ class GradSync {
   /// update is shared or sharded (the compute copy of a master shard refreshed before the
   /// gather); returns the gather's seconds.
   virtual double apply(model::DenseModel& model, double lr, double grad_scale) = 0;
+  /// Stops and frees the buckets (their progress threads poll the strategy's
+  /// communicator and memory): each strategy's destructor calls it before its own members
+  /// go.
+  void release_buckets();
   /// Zeroes the gradient buffer before the backwards (by writing it, unless the strategy
   /// returns its pages).
   virtual void zero_gradients();
