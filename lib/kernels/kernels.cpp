@@ -470,6 +470,110 @@ void cross_entropy_fused(const ExecContext& ctx, const Tensor& logits, const Ten
                 &dlogits);
 }
 
+// --- vocabulary slices -------------------------------------------------------------------
+
+namespace {
+/// Throws unless [first, first + count) is a slice of a vocabulary of `vocab` ids.
+void expect_slice(const char* k, std::int64_t first, std::int64_t count, std::int64_t vocab) {
+  if (first < 0 || count < 0 || first + count > vocab)
+    throw Error(what(k, "slice") + ": ids [" + std::to_string(first) + ", " +
+                std::to_string(first + count) + ") are not within a vocabulary of " +
+                std::to_string(vocab));
+}
+}  // namespace
+
+void embedding_slice_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& wte,
+                             std::int64_t first, std::int64_t vocab, const Tensor& out) {
+  constexpr const char* k = "embedding_slice_forward";
+  check_backend(ctx, k);
+  expect_rank(tokens, 1, DType::i32, k, "tokens", "(N)");
+  expect_rank(wte, 2, DType::f32, k, "wte", "(count, C)");
+  expect(ctx, tokens, tokens.shape, DType::i32, k, "tokens");
+  expect(ctx, wte, Shape{wte.shape[0], wte.shape[1]}, DType::f32, k, "wte");
+  expect_slice(k, first, wte.shape[0], vocab);
+  const Index c = wte.shape[1];
+  expect(ctx, out, append(tokens.shape, c), DType::f32, k, "out");
+  if (tokens.numel() == 0) return;
+  dispatch(ctx, detail::EmbeddingSliceForwardArgs{tokens.ptr<std::int32_t>(), wte.ptr<float>(),
+                                                  out.ptr<float>(), tokens.numel(), c, first,
+                                                  wte.shape[0], vocab});
+}
+
+void embedding_slice_backward(const ExecContext& ctx, const Tensor& tokens, const Tensor& dout,
+                              std::int64_t first, std::int64_t vocab, const Tensor& dwte) {
+  constexpr const char* k = "embedding_slice_backward";
+  check_backend(ctx, k);
+  expect_rank(tokens, 1, DType::i32, k, "tokens", "(N)");
+  expect_rank(dwte, 2, DType::f32, k, "dwte", "(count, C)");
+  expect(ctx, tokens, tokens.shape, DType::i32, k, "tokens");
+  expect(ctx, dwte, Shape{dwte.shape[0], dwte.shape[1]}, DType::f32, k, "dwte");
+  expect_slice(k, first, dwte.shape[0], vocab);
+  const Index c = dwte.shape[1];
+  expect(ctx, dout, append(tokens.shape, c), DType::f32, k, "dout");
+  if (tokens.numel() == 0) return;
+  dispatch(ctx, detail::EmbeddingSliceBackwardArgs{tokens.ptr<std::int32_t>(), dout.ptr<float>(),
+                                                   dwte.ptr<float>(), tokens.numel(), c, first,
+                                                   dwte.shape[0], vocab});
+}
+
+void cross_entropy_slice_max(const ExecContext& ctx, const Tensor& logits, const Tensor& targets,
+                             std::int32_t ignore_index, std::int64_t vocab, const Tensor& keys) {
+  constexpr const char* k = "cross_entropy_slice_max";
+  check_backend(ctx, k);
+  expect_rank(logits, 2, DType::f32, k, "logits", "(N, count)");
+  expect(ctx, logits, Shape{logits.shape[0], logits.shape[1]}, DType::f32, k, "logits");
+  expect(ctx, targets, Shape{logits.shape[0]}, DType::i32, k, "targets");
+  expect(ctx, keys, Shape{logits.shape[0]}, DType::i32, k, "keys");
+  expect_slice(k, 0, logits.shape[1], vocab);
+  if (logits.shape[1] == 0 && logits.shape[0] > 0)
+    throw Error(what(k, "logits") + ": an empty slice, no class to predict");
+  if (logits.shape[0] == 0) return;
+  dispatch(ctx, detail::CrossEntropySliceMaxArgs{logits.ptr<float>(), targets.ptr<std::int32_t>(),
+                                                 ignore_index, keys.ptr<std::int32_t>(),
+                                                 logits.shape[0], logits.shape[1], vocab});
+}
+
+void cross_entropy_slice_sums(const ExecContext& ctx, const Tensor& logits, const Tensor& keys,
+                              const Tensor& targets, std::int32_t ignore_index, std::int64_t first,
+                              bool keep_exp, const Tensor& sums) {
+  constexpr const char* k = "cross_entropy_slice_sums";
+  check_backend(ctx, k);
+  expect_rank(logits, 2, DType::f32, k, "logits", "(N, count)");
+  const Index n = logits.shape[0];
+  expect(ctx, logits, Shape{n, logits.shape[1]}, DType::f32, k, "logits");
+  expect(ctx, keys, Shape{n}, DType::i32, k, "keys");
+  expect(ctx, targets, Shape{n}, DType::i32, k, "targets");
+  expect(ctx, sums, Shape{n, 2}, DType::f64, k, "sums");
+  if (first < 0) throw Error(what(k, "first") + " must be >= 0, got " + std::to_string(first));
+  if (n == 0) return;
+  dispatch(ctx, detail::CrossEntropySliceSumsArgs{
+                    logits.ptr<float>(), keys.ptr<std::int32_t>(), targets.ptr<std::int32_t>(),
+                    ignore_index, keep_exp, sums.ptr<double>(), n, logits.shape[1], first});
+}
+
+void cross_entropy_slice_finish(const ExecContext& ctx, const Tensor& logits, const Tensor& keys,
+                                const Tensor& sums, const Tensor& targets,
+                                std::int32_t ignore_index, std::int64_t first, float grad_scale,
+                                bool with_gradient, const Tensor& losses) {
+  constexpr const char* k = "cross_entropy_slice_finish";
+  check_backend(ctx, k);
+  expect_rank(logits, 2, DType::f32, k, "logits", "(N, count)");
+  const Index n = logits.shape[0];
+  expect(ctx, logits, Shape{n, logits.shape[1]}, DType::f32, k, "logits");
+  expect(ctx, keys, Shape{n}, DType::i32, k, "keys");
+  expect(ctx, sums, Shape{n, 2}, DType::f64, k, "sums");
+  expect(ctx, targets, Shape{n}, DType::i32, k, "targets");
+  expect(ctx, losses, Shape{n}, DType::f32, k, "losses");
+  if (first < 0) throw Error(what(k, "first") + " must be >= 0, got " + std::to_string(first));
+  if (with_gradient && !std::isfinite(grad_scale))
+    throw Error(what(k, "grad_scale") + " must be finite, got " + std::to_string(grad_scale));
+  if (n == 0) return;
+  dispatch(ctx, detail::CrossEntropySliceFinishArgs{
+                    logits.ptr<float>(), keys.ptr<std::int32_t>(), sums.ptr<double>(),
+                    targets.ptr<std::int32_t>(), ignore_index, grad_scale, with_gradient,
+                    losses.ptr<float>(), n, logits.shape[1], first});
+}
+
 // --- elementwise -------------------------------------------------------------------------
 
 void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out) {

@@ -142,6 +142,42 @@ void cross_entropy_fused(const ExecContext& ctx, const Tensor& logits, const Ten
                          std::int32_t ignore_index, float grad_scale, const Tensor& losses,
                          const Tensor& dlogits);
 
+// --- vocabulary slices (tensor parallelism, model/layers/vocab_parallel.hpp) ------------
+// A vocabulary of V ids split over a tensor-parallel group: a rank's slice holds ids
+// [first, first + count) of the (V, C) table (wte (count, C)) and the same columns of the
+// logits (N, count). The group's collectives come between the passes; with a group of one
+// (first 0, count V) the results are embedding_* and cross_entropy_*'s bits.
+
+/// out (N, C): row tokens[n] - first of the slice for the tokens it holds, -0.0 for the
+/// others (the identity of the group's sum, signed zeros included). Throws dst::Error
+/// naming the first token outside [0, vocab) and its position, before writing.
+void embedding_slice_forward(const ExecContext& ctx, const Tensor& tokens, const Tensor& wte,
+                             std::int64_t first, std::int64_t vocab, const Tensor& out);
+/// dwte (count, C) += the dout rows of the tokens the slice holds, in token order (the
+/// slices side by side are embedding_backward's bits on the whole table). Throws as above.
+void embedding_slice_backward(const ExecContext& ctx, const Tensor& tokens, const Tensor& dout,
+                              std::int64_t first, std::int64_t vocab, const Tensor& dwte);
+/// The cross-entropy's first pass: keys (N) i32 = each row's maximum over the slice as an
+/// order key (an int32 whose order is the floats', so that an integer max over the group
+/// is the exact maximum of the whole row, NaN and signed zeros included). Throws
+/// dst::Error naming the first target outside [0, vocab) that is not ignore_index.
+void cross_entropy_slice_max(const ExecContext& ctx, const Tensor& logits, const Tensor& targets,
+                             std::int32_t ignore_index, std::int64_t vocab, const Tensor& keys);
+/// Its second pass, from the group's maxima `keys`: sums (N, 2) f64 = per row the sum of
+/// exp(l - max) over the slice (double, cross_entropy_forward's lane order) and the
+/// target's logit if the slice holds it (-0.0 otherwise); (0, 0) for ignored rows.
+/// keep_exp: the logits become exp(l - max) (the fused kernel's intermediate).
+void cross_entropy_slice_sums(const ExecContext& ctx, const Tensor& logits, const Tensor& keys,
+                              const Tensor& targets, std::int32_t ignore_index, std::int64_t first,
+                              bool keep_exp, const Tensor& sums);
+/// Its last pass, from the group's sums: losses[n] = log(sum) + max - target logit (0 for
+/// ignored rows); with_gradient (after keep_exp): the logits become grad_scale x (softmax -
+/// onehot(target)) on the slice's columns, 0 for ignored rows.
+void cross_entropy_slice_finish(const ExecContext& ctx, const Tensor& logits, const Tensor& keys,
+                                const Tensor& sums, const Tensor& targets,
+                                std::int32_t ignore_index, std::int64_t first, float grad_scale,
+                                bool with_gradient, const Tensor& losses);
+
 // --- elementwise -------------------------------------------------------------------------
 /// Writes out = a + b (same shapes; out may alias a or b). The residual connection.
 void add(const ExecContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out);
@@ -161,7 +197,7 @@ void scale(const ExecContext& ctx, const Tensor& x, float factor);
 ///   f16  - 11 significant bits, |x| >= 65520 becomes +-inf, |x| < 2^-14 subnormal.
 /// NaN stays NaN. This is how the host build emulates a back end that stores parameters
 /// and activations in 16 bits and computes in fp32 (training.precision bf16 | fp16,
-/// docs/precision.md): DenseModel calls it at each point where such a back end would
+/// docs/precision.md): LanguageModel calls it at each point where such a back end would
 /// store. Throws dst::Error for any other storage type.
 void round_to_storage(const ExecContext& ctx, const Tensor& x, DType storage);
 

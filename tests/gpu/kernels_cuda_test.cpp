@@ -649,6 +649,75 @@ TEST_F(CudaVsKokkos, CrossEntropyMatchesKokkos) {
   }
 }
 
+// A vocabulary split over a tensor group (kernels.hpp, "vocabulary slices"): the slice's
+// embedding and the cross-entropy's passes on one rank's columns (the group's collectives
+// are the caller's), against the Kokkos kernels on the same slice: the same operations in
+// the same order (Kokkos' lane order included), so bit for bit but for the device's log
+// in the losses (one ulp, as the whole-vocabulary kernel).
+TEST_F(CudaVsKokkos, VocabSliceKernelsAreBitwiseKokkos) {
+  const Index n = 37, c = 12, v = 1000, first = 250, count = 250;
+  std::uint32_t seed = 1500;
+  auto tok = random_ids(static_cast<std::size_t>(n), v, seed++);
+  tok[3] = static_cast<std::int32_t>(first);              // the slice's first row
+  tok[4] = static_cast<std::int32_t>(first + count - 1);  // and its last
+  tok[5] = tok[4];                                        // a repeat (accumulation order)
+  auto wte = random_vec(static_cast<std::size_t>(count * c), seed++);
+  auto out_k = filled(static_cast<std::size_t>(n * c), 1.0f);
+  embedding_slice_forward(kokkos_ctx(), view(tok, {n}), view(wte, {count, c}), first, v,
+                          view(out_k, {n, c}));
+  const DeviceBuffer<std::int32_t> dtok(tok);
+  const DeviceBuffer<float> dwte(wte), dout(filled(out_k.size(), 1.0f));
+  embedding_slice_forward(cuda(), dtok.view({n}), dwte.view({count, c}), first, v,
+                          dout.view({n, c}));
+  expect_same_bits(dout.download(out_k.size()), out_k, "embedding_slice_forward");
+
+  auto grad = random_vec(static_cast<std::size_t>(n * c), seed++);
+  auto dwte_k = random_vec(wte.size(), seed++);  // accumulated onto
+  const DeviceBuffer<float> dgrad(grad), ddwte(dwte_k);
+  embedding_slice_backward(kokkos_ctx(), view(tok, {n}), view(grad, {n, c}), first, v,
+                           view(dwte_k, {count, c}));
+  embedding_slice_backward(cuda(), dtok.view({n}), dgrad.view({n, c}), first, v,
+                           ddwte.view({count, c}));
+  expect_same_bits(ddwte.download(dwte_k.size()), dwte_k, "embedding_slice_backward");
+
+  auto tg = random_ids(static_cast<std::size_t>(n), v, seed++);
+  tg[1] = kIgnore;
+  tg[2] = static_cast<std::int32_t>(first + 7);  // a target the slice holds
+  for (const bool with_gradient : {false, true}) {
+    const std::string what =
+        with_gradient ? "cross_entropy_slice (gradient)" : "cross_entropy_slice";
+    auto logits_k = random_vec(static_cast<std::size_t>(n * count), seed++, -5.0f, 5.0f);
+    const DeviceBuffer<float> dlogits(logits_k);
+    const DeviceBuffer<std::int32_t> dtg(tg), dkeys(static_cast<std::size_t>(n));
+    const DeviceBuffer<double> dsums(2 * static_cast<std::size_t>(n));
+    const DeviceBuffer<float> dloss(static_cast<std::size_t>(n));
+    std::vector<std::int32_t> keys_k(static_cast<std::size_t>(n));
+    std::vector<double> sums_k(2 * static_cast<std::size_t>(n));
+    auto loss_k = filled(static_cast<std::size_t>(n), -1.0f);
+    cross_entropy_slice_max(kokkos_ctx(), view(logits_k, {n, count}), view(tg, {n}), kIgnore, v,
+                            view(keys_k, {n}));
+    cross_entropy_slice_max(cuda(), dlogits.view({n, count}), dtg.view({n}), kIgnore, v,
+                            dkeys.view({n}));
+    EXPECT_EQ(dkeys.download(keys_k.size()), keys_k) << what << " keys";
+    cross_entropy_slice_sums(kokkos_ctx(), view(logits_k, {n, count}), view(keys_k, {n}),
+                             view(tg, {n}), kIgnore, first, with_gradient, view(sums_k, {n, 2}));
+    cross_entropy_slice_sums(cuda(), dlogits.view({n, count}), dkeys.view({n}), dtg.view({n}),
+                             kIgnore, first, with_gradient, dsums.view({n, 2}));
+    const std::vector<double> sums = dsums.download(sums_k.size());
+    EXPECT_EQ(0, std::memcmp(sums.data(), sums_k.data(), sums.size() * sizeof(double)))
+        << what << " sums";
+    cross_entropy_slice_finish(kokkos_ctx(), view(logits_k, {n, count}), view(keys_k, {n}),
+                               view(sums_k, {n, 2}), view(tg, {n}), kIgnore, first, 0.25f,
+                               with_gradient, view(loss_k, {n}));
+    cross_entropy_slice_finish(cuda(), dlogits.view({n, count}), dkeys.view({n}),
+                               dsums.view({n, 2}), dtg.view({n}), kIgnore, first, 0.25f,
+                               with_gradient, dloss.view({n}));
+    expect_same_bits(dlogits.download(logits_k.size()), logits_k, what + " logits");
+    expect_close(dloss.download(loss_k.size()), to_double(loss_k), 1e-30, 2 * kUlp,
+                 what + " losses");
+  }
+}
+
 TEST_F(CudaVsKokkos, CrossEntropyAllIgnoredRowsAreZero) {
   const Index n = 3, v = 260;
   const std::vector<std::int32_t> tg(static_cast<std::size_t>(n), kIgnore);

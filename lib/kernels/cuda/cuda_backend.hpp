@@ -40,6 +40,12 @@ void run(void* stream, const kernels::detail::SwigluBackwardArgs& a);
 /// Forward only when a.dlogits is nullptr. Throws dst::Error naming the first target
 /// outside [0, V) that is not the ignore index, and its position (nothing is written then).
 void run(void* stream, const kernels::detail::CrossEntropyArgs& a);
+/// Vocabulary slices: the id checks synchronise the stream (as the embedding's).
+void run(void* stream, const kernels::detail::EmbeddingSliceForwardArgs& a);
+void run(void* stream, const kernels::detail::EmbeddingSliceBackwardArgs& a);
+void run(void* stream, const kernels::detail::CrossEntropySliceMaxArgs& a);
+void run(void* stream, const kernels::detail::CrossEntropySliceSumsArgs& a);
+void run(void* stream, const kernels::detail::CrossEntropySliceFinishArgs& a);
 void run(void* stream, const kernels::detail::AddArgs& a);
 void run(void* stream, const kernels::detail::AccumulateArgs& a);
 void run(void* stream, const kernels::detail::ZeroArgs& a);

@@ -142,6 +142,52 @@ struct CrossEntropyArgs {
   Index n, v;
 };
 
+/// A vocabulary split over a tensor-parallel group (kernels.hpp, "vocabulary slices"): a
+/// rank's slice holds rows (or columns) [first, first + count) of a vocabulary of v ids.
+struct EmbeddingSliceForwardArgs {
+  const std::int32_t* tokens;  // (N)
+  const float* wte;            // (count, C) the slice's rows
+  float* out;                  // (N, C)
+  Index n, c, first, count, v;
+};
+
+struct EmbeddingSliceBackwardArgs {
+  const std::int32_t* tokens;  // (N)
+  const float* dout;           // (N, C)
+  float* dwte;                 // (count, C), accumulated
+  Index n, c, first, count, v;
+};
+
+struct CrossEntropySliceMaxArgs {
+  const float* logits;          // (N, count) the slice's columns
+  const std::int32_t* targets;  // (N), checked against [0, v)
+  std::int32_t ignore_index;
+  std::int32_t* keys;  // (N)
+  Index n, count, v;
+};
+
+struct CrossEntropySliceSumsArgs {
+  float* logits;                // (N, count); exp(l - max) when keep_exp
+  const std::int32_t* keys;     // (N) the group's maxima
+  const std::int32_t* targets;  // (N)
+  std::int32_t ignore_index;
+  bool keep_exp;
+  double* sums;  // (N, 2)
+  Index n, count, first;
+};
+
+struct CrossEntropySliceFinishArgs {
+  float* logits;                // (N, count); the gradient when with_gradient
+  const std::int32_t* keys;     // (N)
+  const double* sums;           // (N, 2) the group's sums
+  const std::int32_t* targets;  // (N)
+  std::int32_t ignore_index;
+  float grad_scale;
+  bool with_gradient;
+  float* losses;  // (N)
+  Index n, count, first;
+};
+
 struct AddArgs {
   const float* a;  // (n); may alias out
   const float* b;  // (n); may alias out

@@ -33,6 +33,11 @@ void run(const kernels::detail::SwigluBackwardArgs& a);
 /// Forward only when a.dlogits is nullptr. Throws dst::Error naming the first target
 /// outside [0, V) that is not the ignore index, and its position.
 void run(const kernels::detail::CrossEntropyArgs& a);
+void run(const kernels::detail::EmbeddingSliceForwardArgs& a);
+void run(const kernels::detail::EmbeddingSliceBackwardArgs& a);
+void run(const kernels::detail::CrossEntropySliceMaxArgs& a);
+void run(const kernels::detail::CrossEntropySliceSumsArgs& a);
+void run(const kernels::detail::CrossEntropySliceFinishArgs& a);
 void run(const kernels::detail::AddArgs& a);
 void run(const kernels::detail::AccumulateArgs& a);
 void run(const kernels::detail::ZeroArgs& a);
