@@ -18,7 +18,7 @@
 #include "common/paired.hpp"
 #include "config/deck.hpp"
 #include "core/rng.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -53,7 +53,7 @@ struct Pass {
   void run() {
     model.params().zero_grads();
     benchmark::DoNotOptimize(
-        model.forward_backward(tokens.data(), targets.data(), 1.0f / tokens.size()));
+        model.forward_backward(tokens.data(), targets.data(), 1.0f / tokens.size()).loss_sum);
   }
   void count(benchmark::State& state) const {
     const double tok = static_cast<double>(tokens.size());
@@ -66,7 +66,7 @@ struct Pass {
 
   dst::config::ModelSection m;
   std::int64_t T;
-  dst::model::DenseModel model;
+  dst::model::LanguageModel model;
   std::vector<std::int32_t> tokens, targets;
 };
 

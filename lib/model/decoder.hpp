@@ -1,6 +1,6 @@
 #pragma once
 /// \file decoder.hpp
-/// Inference for the decoder of dense_model.hpp, one sequence at a time, with a key/value
+/// Inference for the decoder of language_model.hpp, one sequence at a time, with a key/value
 /// cache: the prompt is run once (prefill), then each new token costs one row of every
 /// layer instead of the whole sequence again. DeepSeek-V2/V3 models cache the compressed
 /// latent of latent attention (LatentKVCache, absorbed products) and route each decoded
@@ -8,7 +8,7 @@
 ///
 /// It runs the training model's layers (model/transformer.hpp: the same embedding, block
 /// and head code, the same kernels, matrix products and RoPE tables), so the logits at
-/// every position equal DenseModel::forward's on the same tokens up to the order of the
+/// every position equal LanguageModel::forward's on the same tokens up to the order of the
 /// attention sums (tests/unit/model/decoder_test.cpp): the attention takes its cached path
 /// (Attention::forward with a KVCache), whose softmax over the cached keys is a small host
 /// loop that applies the causal mask of rows starting at the cache's current position

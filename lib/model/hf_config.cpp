@@ -20,7 +20,7 @@ std::string hf_llama_config_json(const config::ModelSection& m, const HfConfigOp
   j["max_position_embeddings"] = m.max_seq_len;
   j["rms_norm_eps"] = m.norm_eps;
   j["rope_theta"] = m.rope_theta;
-  j["rope_scaling"] = nullptr;  // plain RoPE, as dense_model.hpp computes it
+  j["rope_scaling"] = nullptr;  // plain RoPE, as language_model.hpp computes it
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;

@@ -3,7 +3,7 @@
 #include "model/layers/moe_router.hpp"
 
 #include "core/error.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 
 #include <algorithm>
 #include <cstdio>

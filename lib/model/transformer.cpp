@@ -10,7 +10,10 @@ namespace dst::model {
 
 Transformer::Transformer(const config::ModelSection& m, const TensorSlice& tp,
                          const ExpertSlice& ep)
-    : tp_(tp), ep_(ep), embedding_(m.vocab_size, m.d_model, tp.size), head_(m, tp.size) {
+    : tp_(tp),
+      ep_(ep),
+      embedding_(m.vocab_size, m.d_model, tp.size, tp.row_split()),
+      head_(m, tp.size, tp.row_split()) {
   blocks_.reserve(static_cast<std::size_t>(m.n_layers));
   for (std::int64_t l = 0; l < m.n_layers; ++l)
     blocks_.emplace_back(m, l, tp.size, ep, tp.row_split() > 1);

@@ -4,7 +4,7 @@
 ///   embedding -> blocks [0, L) -> head (final norm, lm head, loss)
 /// (with model.mtp_depth 1 a multi-token prediction module after the head, which training
 /// runs and generation skips), with the parameter layout they declare, and the forward and backward
-/// of a range of blocks [first, last): what a pipeline stage runs. DenseModel (training) and
+/// of a range of blocks [first, last): what a pipeline stage runs. LanguageModel (training) and
 /// Decoder (KV-cache inference) compute through the same layers; each owns its buffers.
 
 #include <cstddef>

@@ -72,7 +72,7 @@ class Replicated final : public GradSync {
     optimizer_ = std::make_unique<AdamW>(cfg_.training.optimizer, store);
   }
 
-  double apply(model::DenseModel&, double lr, double grad_scale) override {
+  double apply(model::LanguageModel&, double lr, double grad_scale) override {
     optimizer_->step(ctx_, *store_, lr, grad_scale);
     return 0.0;
   }
@@ -130,7 +130,7 @@ class Shared final : public GradSync {
     }
   }
 
-  double apply(model::DenseModel& model, double lr, double grad_scale) override {
+  double apply(model::LanguageModel& model, double lr, double grad_scale) override {
     if (!updating_together()) {
       optimizer_->step(ctx_, *store_, lr, grad_scale);
       return 0.0;
@@ -262,7 +262,7 @@ class Zero final : public GradSync {
     if (expert_buckets_) expert_buckets_->clear();
   }
 
-  double apply(model::DenseModel& model, double lr, double grad_scale) override {
+  double apply(model::LanguageModel& model, double lr, double grad_scale) override {
     // The shards' update, then every shard into every rank's parameters: communication
     // (the phase's t_comm), not the optimizer's time. A master shard: the rounded copy of
     // the shard is what the ranks gather.
@@ -422,7 +422,7 @@ std::vector<std::pair<std::size_t, std::size_t>> GradSync::summed_ranges() const
   return {{0, store_->buffer_elements()}};
 }
 
-double GradSync::update(model::DenseModel& model, double lr, double grad_scale) {
+double GradSync::update(model::LanguageModel& model, double lr, double grad_scale) {
   const double gathered_s = apply(model, lr, grad_scale);
   // The rounded copy of the new master parameters (a master shard: gathered by apply()).
   if (!master_shard_) model.refresh_compute_params();
@@ -430,7 +430,7 @@ double GradSync::update(model::DenseModel& model, double lr, double grad_scale) 
   return gathered_s;
 }
 
-void GradSync::initialize(model::DenseModel& model) {
+void GradSync::initialize(model::LanguageModel& model) {
   if (master_shard_) {
     // The master's shard from the fp32 values, then the buffer rounded in place.
     for (const AdamW* o : {optimizer_.get(), expert_optimizer_.get()}) {
@@ -442,7 +442,7 @@ void GradSync::initialize(model::DenseModel& model) {
   model.refresh_compute_params();
 }
 
-void GradSync::bias_moved(const model::DenseModel& model, std::size_t experts) {
+void GradSync::bias_moved(const model::LanguageModel& model, std::size_t experts) {
   if (!master_shard_) return;
   // The buffer keeps the biases in fp32 (the router's), moved alike on every rank: the
   // owner of each element in its master shard takes the new value.

@@ -30,7 +30,7 @@
 
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/param_store.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/startup_watchdog.hpp"
@@ -95,7 +95,7 @@ class GradSync {
   float* grad_memory() const { return grad_memory_; }
   float* param_memory() const { return param_memory_; }
   /// ZeRO with bf16/fp16: the fp32 master parameters exist only as the optimizer's shard;
-  /// the model's parameter buffer is the compute copy (DenseModel's master_outside).
+  /// the model's parameter buffer is the compute copy (LanguageModel's master_outside).
   bool master_shard() const { return master_shard_; }
   /// The ZeRO stage in effect (0 with one data rank).
   int zero_stage() const { return zero_stage_; }
@@ -129,15 +129,15 @@ class GradSync {
   /// AdamW at `lr` with every gradient times `grad_scale` on what this rank updates, the
   /// parameters gathered where the update is shared or sharded, the model's compute copy
   /// refreshed. Returns the seconds of the parameters' gather (communication).
-  double update(model::DenseModel& model, double lr, double grad_scale);
+  double update(model::LanguageModel& model, double lr, double grad_scale);
 
   // --- the state
   /// After the store's initialize(): the master shard from its fp32 values, and the
   /// model's compute copy rounded.
-  void initialize(model::DenseModel& model);
+  void initialize(model::LanguageModel& model);
   /// After the MoE correction biases moved in the parameter buffer (every rank alike):
   /// with a master shard, each element's owner takes the new value into it.
-  void bias_moved(const model::DenseModel& model, std::size_t experts);
+  void bias_moved(const model::LanguageModel& model, std::size_t experts);
   /// This rank's whole flat buffers of state (tensor i of the store at spec(i).offset of
   /// each), for a checkpoint. saved(): the state as it is (collective over the data group
   /// where it is sharded or shared: the other ranks' parts gathered; a device's copied
@@ -166,7 +166,7 @@ class GradSync {
   /// The optimizers' step on what this rank updates, the parameters gathered where the
   /// update is shared or sharded (the compute copy of a master shard refreshed before the
   /// gather); returns the gather's seconds.
-  virtual double apply(model::DenseModel& model, double lr, double grad_scale) = 0;
+  virtual double apply(model::LanguageModel& model, double lr, double grad_scale) = 0;
   /// Stops and frees the buckets (their progress threads poll the strategy's
   /// communicator and memory): each strategy's destructor calls it before its own members
   /// go.

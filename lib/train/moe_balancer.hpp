@@ -46,7 +46,7 @@ class MoeBalancer {
     double dropped = 0.0;       ///< rows the experts' capacity dropped (this stage's blocks)
     double aux = 0.0;           ///< the whole model's balance loss, summed over sequences
   };
-  /// This rank's `loads` (model::DenseModel::moe_loads()), `dropped` and balance-loss sum
+  /// This rank's `loads` (model::LanguageModel::moe_loads()), `dropped` and balance-loss sum
   /// `aux_sum` (one stage: summed over its micro-batches and blocks; with stages ignored:
   /// the whole model's is summed from keep_terms() over the stages, in a one-stage run's
   /// order) summed over the data group in one all-reduce. Collective over the data group
@@ -55,7 +55,7 @@ class MoeBalancer {
 
   /// Fills `st`'s aux_loss, moe, moe_capacity, moe_dropped and moe_dropped_fraction from
   /// `sums` and this stage's correction biases after the step (`bias`, block-major, as
-  /// model::DenseModel::moe_bias()); warns (rank 0) of an expert that crosses 100 steps in
+  /// model::LanguageModel::moe_bias()); warns (rank 0) of an expert that crosses 100 steps in
   /// a row without a token (`step`: the step's index from 0). Collective over the pipeline
   /// group.
   void report(const Sums& sums, std::vector<float> bias, StepStats& st, std::int64_t step);

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/layers/moe_router.hpp"
 #include "model/stage.hpp"
 #include "train/grad_sync.hpp"
@@ -14,10 +14,10 @@
 namespace dst::train {
 
 using model::count_parameters;
-using model::DenseModel;
 using model::ExpertSlice;
 using model::format_bytes;
 using model::format_count;
+using model::LanguageModel;
 using model::ModelMemory;
 using model::ParamCount;
 using model::ParamSpec;
@@ -110,7 +110,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   planned.recompute = c.training.recompute;
   planned.tp = slice;
   planned.ep = experts;
-  const DenseModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, planned);
+  const LanguageModel model(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan, planned);
   std::int64_t logical = 0;
   for (const ParamSpec& s : model.params().specs())
     logical += model::logical_shape(s).numel() * s.ep_size;  // an expert slot's: every slot's
@@ -128,7 +128,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const std::uint64_t D = static_cast<std::uint64_t>(layout.data);
   // Expert parallelism: the own experts' part of the buffer (the last, layers/
   // moe_dispatch.hpp), bytes of fp32.
-  const auto own_experts_of = [](const DenseModel& d) -> std::uint64_t {
+  const auto own_experts_of = [](const LanguageModel& d) -> std::uint64_t {
     const ParamStore& store = d.params();
     const bool own = store.size() > 0 && store.spec(store.size() - 1).ep_size > 1;
     return own ? (store.buffer_elements() - locate_own_experts(store).offset) * sizeof(float) : 0;
@@ -137,7 +137,7 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   const std::uint64_t expert_data =
       own_experts > 0 ? D / static_cast<std::uint64_t>(layout.expert) : 1;
   // ZeRO's largest shard of the store a rank holds (the run's shards: GradSync).
-  const auto largest_shard_of = [&](const DenseModel& d) {
+  const auto largest_shard_of = [&](const LanguageModel& d) {
     return largest_shard_bytes(d.params(), static_cast<int>(D), static_cast<int>(expert_data),
                                !options.bucket_copies);
   };
@@ -224,8 +224,8 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
       model::ModelOptions stage_options = planned;
       stage_options.chunks = chunks;
       stage_options.ep = stage_experts;
-      const DenseModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan,
-                            stage_options);
+      const LanguageModel part(m, c.training.micro_batch_size, T, tensor::Arena::Mode::plan,
+                               stage_options);
       Plan::Stage st;
       st.first = chunks.front().first;
       st.last = chunks.back().last;

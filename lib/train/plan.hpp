@@ -3,7 +3,7 @@
 /// What a run needs per rank, without allocating: memory (parameters, master weights,
 /// gradients, optimizer state, activations, communication buffers) and the bytes each
 /// collective moves per step, and from a row of the rate table the step's predicted time.
-/// Memory comes from a layout-only pass of the real model (DenseModel in planning mode),
+/// Memory comes from a layout-only pass of the real model (LanguageModel in planning mode),
 /// and the ZeRO shards and the own experts' part from the rules the run's GradSync applies
 /// to that store (ZeroShards, locate_own_experts), so that `dstrain check` and a run
 /// agree. Parameter and FLOP counts are the model's (model/plan.hpp); the text `check`
@@ -177,7 +177,7 @@ std::uint64_t largest_shard_bytes(const model::ParamStore& store, int data_ranks
                                   int expert_data_ranks, bool by_parts);
 
 /// The whole plan for a config on a layout. Memory comes from a layout-only pass of the
-/// real model (DenseModel in planning mode, with training.recompute), so it is what a run
+/// real model (LanguageModel in planning mode, with training.recompute), so it is what a run
 /// would allocate.
 Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
                const PlanOptions& options = {});

@@ -60,26 +60,22 @@ class Trainer::ModelStage final : public PipelineStage {
   tensor::Tensor input(std::size_t r) const override { return t_.model_->stage_input(r); }
   tensor::Tensor output(std::size_t r) const override { return t_.model_->stage_output(r); }
   tensor::Tensor gradient() const override { return t_.model_->stage_gradient(); }
-  Forward forward(int chunk, std::int64_t micro, std::size_t r, bool with_gradient) override {
-    model::DenseModel& model = *t_.model_;
+  Forward forward(int chunk, std::int64_t micro, std::size_t record, bool with_gradient) override {
+    model::LanguageModel& model = *t_.model_;
     const std::int64_t B = t_.cfg_.training.micro_batch_size;
     const std::int64_t T = t_.cfg_.data.seq_len;
     if (with_gradient)
       split_rows(rows + static_cast<std::size_t>(micro * B * (T + 1)), B, T, t_.tokens_.data(),
                  t_.targets_.data());
-    Forward f;
-    f.loss_sum =
-        model.stage_forward(r, t_.tokens_.data(), t_.targets_.data(),
-                            with_gradient ? backward_scale : 1.0f, with_gradient, &f.valid);
-    f.mtp_loss_sum = model.last_mtp_loss();
-    f.seconds = model.last_forward_seconds();
+    const model::MicroBatchResult r =
+        model.stage_forward(record, t_.tokens_.data(), t_.targets_.data(),
+                            with_gradient ? backward_scale : 1.0f, with_gradient);
     if (with_gradient && t_.balancer_->own_blocks() > 0)
-      t_.balancer_->keep_terms(micro, chunk, model.last_aux_losses());
-    return f;
+      t_.balancer_->keep_terms(micro, chunk, r.aux_losses);
+    return {r.loss_sum, r.valid_tokens, r.mtp_loss_sum, r.forward_seconds};
   }
   double backward(std::size_t r, const std::function<void(std::size_t)>& on_ready) override {
-    t_.model_->stage_backward(r, on_ready);
-    return t_.model_->last_backward_seconds();
+    return t_.model_->stage_backward(r, on_ready);
   }
 
  private:
@@ -156,8 +152,8 @@ Trainer::Trainer(const config::RunConfig& config, const config::Layout& layout,
   mo.chunks = chunks;
   mo.tp = slice;
   mo.ep = experts;
-  model_ = std::make_unique<model::DenseModel>(config.model, micro, T,
-                                               tensor::Arena::Mode::allocate, mo);
+  model_ = std::make_unique<model::LanguageModel>(config.model, micro, T,
+                                                  tensor::Arena::Mode::allocate, mo);
   sync_->attach(model_->params());
   // Tensor parallelism: every forward and backward reduces over the tensor group.
   if (tensor_ > 1) {
@@ -373,18 +369,18 @@ Trainer::Passes Trainer::forward_backward(float backward_scale, StepStats& st) {
   for (std::size_t m = 0; stages_ == 1 && m < micro_batches; ++m) {
     const std::int32_t* mb = batch_.data() + m * static_cast<std::size_t>(micro) * sample_len;
     split_rows(mb, micro, T, tokens_.data(), targets_.data());
-    std::int64_t v = 0;
     const bool last = m + 1 == micro_batches;
     core::FlightScope scope("forward+backward of micro-batch " + std::to_string(m + 1) + "/" +
                             std::to_string(micro_batches));
-    passes.loss_sum += model_->forward_backward(
-        tokens_.data(), targets_.data(), backward_scale, &v,
+    const model::MicroBatchResult r = model_->forward_backward(
+        tokens_.data(), targets_.data(), backward_scale,
         last ? std::function<void(std::size_t)>(on_ready) : std::function<void(std::size_t)>());
-    passes.valid += v;
-    passes.aux_sum += model_->last_aux_loss();
-    passes.mtp_sum += model_->last_mtp_loss();
-    st.t_forward += model_->last_forward_seconds();
-    st.t_backward += model_->last_backward_seconds();
+    passes.loss_sum += r.loss_sum;
+    passes.valid += r.valid_tokens;
+    passes.aux_sum += r.aux_loss();
+    passes.mtp_sum += r.mtp_loss_sum;
+    st.t_forward += r.forward_seconds;
+    st.t_backward += r.backward_seconds;
   }
   const double p2p_s = st.t_comm;  // the pipeline's exposed sends and receives
   st.t_comm = sync_->wait_all() + p2p_s;
@@ -535,7 +531,9 @@ std::pair<double, std::int64_t> Trainer::evaluate(data::SampleStore& store, std:
       model_stage_->rows = nullptr;
       sums[0] += pipeline_->evaluate(*model_stage_, b, v);
     } else {
-      sums[0] += model_->forward(tokens_.data(), targets_.data(), &v);
+      const model::MicroBatchResult r = model_->forward(tokens_.data(), targets_.data());
+      sums[0] += r.loss_sum;
+      v = r.valid_tokens;
     }
     sums[1] += static_cast<double>(v);
   }

@@ -19,7 +19,7 @@
 #include "comm/process_groups.hpp"
 #include "config/run_config.hpp"
 #include "data/sample_store.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/layers/moe_dispatch.hpp"
 #include "model/layers/tensor_parallel.hpp"
 #include "runtime/runtime.hpp"
@@ -117,7 +117,7 @@ class Trainer {
   bool loss_scaling() const { return loss_scaling_; }
   /// The dynamic loss scaler (state meaningful only when loss_scaling()).
   const LossScaler& loss_scaler() const { return scaler_; }
-  model::DenseModel& model() { return *model_; }
+  model::LanguageModel& model() { return *model_; }
   /// The whole model's parameter layout (names, whole shapes, offsets of a flat buffer):
   /// the model's own store, or with pipeline stages or tensor slices a store of the whole
   /// model built only to plan.
@@ -184,7 +184,7 @@ class Trainer {
   /// How the gradients become the update; it holds the memory the model's store lives
   /// in (declared before model_, which it must outlive).
   std::unique_ptr<GradSync> sync_;
-  std::unique_ptr<model::DenseModel> model_;
+  std::unique_ptr<model::LanguageModel> model_;
   /// parallel.expert > 1 with an MoE model: the expert group the MoE layers dispatch over.
   std::unique_ptr<model::ExpertParallel> experts_;
   /// Expert parallelism's storage: this rank holds its own routed experts only

@@ -242,7 +242,7 @@ def balance_loss(captured, attrs, batch, seq, valid):
     """Our objective's balance term (layers/moe_router.hpp), in torch: per MoE block and
     sequence alpha sum_i f_i P_i, f_i = E / (K T) #tokens choosing i (no gradient),
     P_i = mean_t s'_t,i (s' the scores normalised over the experts), each sequence
-    weighted T / valid tokens like the mean cross-entropy's tokens (DenseModel)."""
+    weighted T / valid tokens like the mean cross-entropy's tokens (LanguageModel)."""
     alpha = float(attrs["seq_aux_loss_alpha"])
     E, K = int(attrs["n_routed_experts"]), int(attrs["num_experts_per_tok"])
     total = 0.0

@@ -13,7 +13,7 @@ Then:
   config.json: AutoConfig loads it and every field matches the stored deck (Llama, or
       DeepseekV3/V2 with the latent-attention and MoE fields);
   logits: AutoModelForCausalLM.from_pretrained(dir) in fp32 on a fixed batch, against
-      ours from DenseModel::forward and from the KV-cache decoder (ckpt_tool logits):
+      ours from LanguageModel::forward and from the KV-cache decoder (ckpt_tool logits):
       max |ours - ref| / max |ref| <= 1e-4. fp32 (eps 6e-8) through a few layers of
       reductions of up to a few hundred terms summed in different orders (OpenBLAS vs
       PyTorch), with margin: the figure measured is ~1e-6.
@@ -248,10 +248,10 @@ def run_case(dstrain, tool, workdir, tokenizer, name, sets, extra, batch, seq):
     dec = np.fromfile(prefix + ".decoder.f32", dtype=np.float32).reshape(batch, seq, V)
     e_dec = max_rel(dec, ref)
     dec_text = f"{'latent ' if deepseek else ''}KV-cache decoder {e_dec:.2e}"
-    print(f"{name}: logits max rel diff vs transformers: DenseModel {e_model:.2e}, "
+    print(f"{name}: logits max rel diff vs transformers: LanguageModel {e_model:.2e}, "
           f"{dec_text} (max |logit| {np.max(np.abs(ref)):.2f})")
     if e_model > TOL:
-        problems.append(f"DenseModel logits max rel diff {e_model:.2e} > {TOL}")
+        problems.append(f"LanguageModel logits max rel diff {e_model:.2e} > {TOL}")
     if e_dec > TOL:
         problems.append(f"decoder logits max rel diff {e_dec:.2e} > {TOL}")
     if np.max(np.abs(ref)) < 0.5:

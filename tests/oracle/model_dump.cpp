@@ -20,7 +20,7 @@
 #include "blas/host_blas.hpp"
 #include "config/deck.hpp"
 #include "core/rng.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/plan.hpp"
 
 namespace {
@@ -91,12 +91,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (count_only) {
-      const dst::model::DenseModel plan(cfg.model, 1, 1, dst::tensor::Arena::Mode::plan);
+      const dst::model::LanguageModel plan(cfg.model, 1, 1, dst::tensor::Arena::Mode::plan);
       std::printf("%lld\n", static_cast<long long>(plan.params().parameter_count()));
       return 0;
     }
     if (out.empty()) throw std::runtime_error("usage: model_dump OUT.h5 [options]");
-    dst::model::DenseModel model(cfg.model, B, T, dst::tensor::Arena::Mode::allocate);
+    dst::model::LanguageModel model(cfg.model, B, T, dst::tensor::Arena::Mode::allocate);
     model.params().initialize(cfg.run.seed);
     const std::int64_t N = B * T, V = cfg.model.vocab_size;
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(N)), targets(tokens.size());
@@ -110,13 +110,13 @@ int main(int argc, char** argv) {
       targets[static_cast<std::size_t>(i)] =
           ignore_every > 0 && i % ignore_every == 3 ? dst::model::kIgnoreIndex : u(2);
     }
-    std::int64_t valid = 0;
-    model.forward(tokens.data(), targets.data(), &valid);
+    const std::int64_t valid = model.forward(tokens.data(), targets.data()).valid_tokens;
     const auto lg = model.logits();
     std::vector<float> logits(lg.ptr<float>(), lg.ptr<float>() + lg.numel());
     model.params().zero_grads();
-    const double loss_sum = model.forward_backward(tokens.data(), targets.data(),
-                                                   1.0f / static_cast<float>(valid), &valid);
+    const double loss_sum =
+        model.forward_backward(tokens.data(), targets.data(), 1.0f / static_cast<float>(valid))
+            .loss_sum;
 
     const hid_t f = H5Fcreate(out.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) throw std::runtime_error("cannot create " + out);

@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <vector>
 
@@ -30,6 +29,7 @@
 #include "model/layers/mlp.hpp"
 #include "model/layers/moe.hpp"
 #include "model/layers/rmsnorm.hpp"
+#include "model/layers/token_rows.hpp"
 #include "tensor/arena.hpp"
 
 namespace dst::model {
@@ -136,28 +136,7 @@ class Block {
                   bool shared, BlockActs& a) const;
   /// The rows of x and of the norms a rank keeps: B T, or B T / the tensor group's size
   /// under sequence parallelism.
-  std::int64_t rows(std::int64_t B, std::int64_t T) const { return B * T / row_split_; }
-  /// Sequence parallelism: the context the attention and MLP run in (they keep their
-  /// partial sums); `c` otherwise.
-  Compute part_context(const Compute& c) const;
-  /// `c` without the tensor group: a DeepSeekMoE layer's context under tensor parallelism.
-  static Compute replicated(const Compute& c);
-  /// Sequence parallelism: the tensor group the rows are split over (throws dst::Error
-  /// when `c` lacks it).
-  TensorParallel& row_group(const Compute& c) const;
-  /// This rank's rows (rows(B, T) of them) of `whole`, a tensor of every row of the group.
-  tensor::Tensor own_rows(const Compute& c, const tensor::Tensor& whole, std::int64_t B,
-                          std::int64_t T) const;
-  /// The backward of the attention or the MLP (a part) from its partial output gradient
-  /// and input, both (N, C): writes its partial input gradient into BlockScratch::d_ln.
-  using PartBackward = std::function<void(const Compute& part, const tensor::Tensor& dout,
-                                          const tensor::Tensor& in)>;
-  /// Sequence parallelism: a part's backward and its norm's, d_x (this rank's `rows`) holding
-  /// d(loss)/d(the part's output) on entry, d(loss)/d(norm_in) added on return (above).
-  void split_backward(const Compute& c, std::int64_t rows, const BlockActs& a, const RmsNorm& norm,
-                      const tensor::Tensor& norm_in, const RmsNormActs& norm_acts,
-                      const BlockScratch& s, const tensor::Tensor& d_x,
-                      const PartBackward& part_backward) const;
+  std::int64_t rows(std::int64_t B, std::int64_t T) const { return rows_.rows(B * T); }
   /// forward(); `recomputing`: the backward's refill of a full-recompute record, which
   /// must not count the MoE layer's expert choices a second time.
   void run_forward(const Compute& c, const Rope& rope, std::int64_t B, std::int64_t T,
@@ -173,7 +152,7 @@ class Block {
   bool model_dense_mlp_;          // some block of the model has the dense MLP
   std::optional<Moe> model_moe_;  // the model's MoE shape (for the shared scratch)
   std::int64_t C_;
-  int row_split_ = 1;  // sequence parallelism: the tensor group's size
+  TokenRows rows_;  // whole rows, or a rank's rows under sequence parallelism
 };
 
 }  // namespace dst::model

@@ -18,20 +18,22 @@ constexpr const char* kHeadName = "lm_head.weight";
 constexpr const char* kTiedName = kEmbeddingTableName;  // Embedding's table
 }  // namespace
 
-Head::Head(const config::ModelSection& m, int tensor_parallel)
+Head::Head(const config::ModelSection& m, int tensor_parallel, int row_split)
     : norm_("model.norm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       tied_(m.tie_embeddings),
       vocab_(m.vocab_size),
       dim_(m.d_model),
-      tp_(tensor_parallel) {}
+      tp_(tensor_parallel),
+      rows_(row_split) {}
 
-Head::Head(const config::ModelSection& m, std::string norm_name, int tensor_parallel)
+Head::Head(const config::ModelSection& m, std::string norm_name, int tensor_parallel, int row_split)
     : norm_(std::move(norm_name), m.d_model, static_cast<float>(m.norm_eps)),
       tied_(m.tie_embeddings),
       shared_(true),
       vocab_(m.vocab_size),
       dim_(m.d_model),
-      tp_(tensor_parallel) {}
+      tp_(tensor_parallel),
+      rows_(row_split) {}
 
 void Head::declare(std::vector<ParamSpec>& specs) const {
   norm_.declare(specs);
@@ -46,30 +48,31 @@ void Head::bind(const ParamStore& params) {
 
 HeadActs Head::take(tensor::Arena& arena, std::int64_t rows) const {
   HeadActs a;
-  a.x = arena.take("final_x", {rows, dim_}, DType::f32);
-  a.norm = norm_.take(arena, rows, "lnf", "rstdf");
-  a.logits = arena.take("logits", {rows, vocab_ / tp_}, DType::f32);
-  a.losses = arena.take("losses", {rows}, DType::f32);
-  return a;
-}
-
-HeadActs Head::take(tensor::Arena& arena, std::int64_t rows, std::int64_t own) const {
-  if (own == rows) return take(arena, rows);
-  HeadActs a;
+  const std::int64_t own = rows_.rows(rows);
   a.x = arena.take("final_x", {own, dim_}, DType::f32);
-  a.rows = arena.take("lnf rows", {own, dim_}, DType::f32);
-  a.norm.out = arena.take("lnf", {rows, dim_}, DType::f32);
-  a.norm.rstd = arena.take("rstdf", {own}, DType::f32);
+  if (own == rows) {
+    a.norm = norm_.take(arena, rows, "lnf", "rstdf");
+  } else {
+    a.rows = arena.take("lnf rows", {own, dim_}, DType::f32);
+    a.norm.out = arena.take("lnf", {rows, dim_}, DType::f32);
+    a.norm.rstd = arena.take("rstdf", {own}, DType::f32);
+  }
   a.logits = arena.take("logits", {rows, vocab_ / tp_}, DType::f32);
   a.losses = arena.take("losses", {rows}, DType::f32);
+  if (tp_ > 1) {
+    a.vocab_scratch.keys = arena.take("row maxima", {rows}, DType::i32);
+    a.vocab_scratch.sums = arena.take("row sums", {rows, 2}, DType::f64);
+  }
   return a;
 }
 
-void Head::forward_rows(const Compute& c, const HeadActs& a) const {
-  if (tp_ == 1 || c.tensor == nullptr)
-    throw Error("model: the head splits its rows only under tensor parallelism");
+void Head::forward(const Compute& c, const HeadActs& a) const {
+  if (rows_.split() == 1) {
+    forward(c, a.x, a.norm, a.logits);
+    return;
+  }
   norm_.forward(c, a.x, RmsNormActs{a.rows, a.norm.rstd});
-  c.tensor->all_gather(a.rows, a.norm.out);
+  rows_.every_row(c, a.rows, a.norm.out);
   blas::linear_forward(c.ctx, a.norm.out, c.weight(head_), a.logits);
   c.store(a.logits);
 }
@@ -96,12 +99,11 @@ VocabSlice Head::slice(const Compute& c) const {
 
 void Head::loss(const Compute& c, const HeadActs& a, const tensor::Tensor& targets) const {
   if (tp_ > 1) {
-    // The loss only: the logits stay as they are (DenseModel::logits()).
+    // The loss only: the logits stay as they are (LanguageModel::logits()).
     const VocabSlice s = slice(c);
     c.tensor->counted(cross_entropy_bytes(a), [&] {
-      vocab_parallel_cross_entropy(c.tensor->group(), s, a.logits.ptr<float>(), a.logits.shape[0],
-                                   targets.ptr<std::int32_t>(), kIgnoreIndex, 0.0f, false,
-                                   a.losses.ptr<float>());
+      vocab_parallel_cross_entropy(c.ctx, c.tensor->group(), s, a.logits, targets, kIgnoreIndex,
+                                   0.0f, false, a.losses, a.vocab_scratch);
     });
     return;
   }
@@ -113,9 +115,8 @@ void Head::loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::
   if (tp_ > 1) {
     const VocabSlice s = slice(c);
     c.tensor->counted(cross_entropy_bytes(a), [&] {
-      vocab_parallel_cross_entropy(c.tensor->group(), s, a.logits.ptr<float>(), a.logits.shape[0],
-                                   targets.ptr<std::int32_t>(), kIgnoreIndex, grad_scale, true,
-                                   a.losses.ptr<float>());
+      vocab_parallel_cross_entropy(c.ctx, c.tensor->group(), s, a.logits, targets, kIgnoreIndex,
+                                   grad_scale, true, a.losses, a.vocab_scratch);
     });
     return;
   }
@@ -124,32 +125,26 @@ void Head::loss_and_gradient(const Compute& c, const HeadActs& a, const tensor::
 }
 
 void Head::backward(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
-                    const tensor::Tensor& d_x, const OnReady& ready,
-                    const tensor::Tensor& d_out) const {
+                    const tensor::Tensor& d_x, const OnReady& ready, const tensor::Tensor& d_out,
+                    const RowBuffers& buf) const {
   // Weight gradients accumulate in fp32 (the ParamStore's gradient buffer); the
   // activation gradients that feed matrix products are stored (Compute::store) like the
   // forward's activations, which is where fp16 needs the loss scale.
   c.store(a.logits);
   blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
-  c.reduce_partial(d_ln);  // tensor parallelism: this rank's vocabulary rows' share
-  if (!d_out.empty()) kernels::add(c.ctx, d_ln, d_out, d_ln);
-  kernels::zero(c.ctx, d_x);
-  norm_.backward(c, d_ln, a.x, a.norm, d_x);
-  head_ready(c, ready);
-}
-
-void Head::backward_rows(const Compute& c, const HeadActs& a, const tensor::Tensor& d_ln,
-                         const tensor::Tensor& d_rows, const tensor::Tensor& d_norm,
-                         const tensor::Tensor& d_x, const OnReady& ready,
-                         const tensor::Tensor& d_out) const {
-  if (tp_ == 1 || c.tensor == nullptr)
-    throw Error("model: the head splits its rows only under tensor parallelism");
-  c.store(a.logits);
-  blas::linear_backward(c.ctx, a.logits, a.norm.out, c.weight(head_), d_ln, c.grad(head_));
-  c.tensor->reduce_scatter(d_ln, d_rows);  // this rank's rows of the vocabulary slices' sum
-  if (!d_out.empty()) kernels::add(c.ctx, d_rows, d_out, d_rows);
-  kernels::zero(c.ctx, d_x);
-  norm_.backward_rows(c, d_rows, a.x, RmsNormActs{a.rows, a.norm.rstd}, d_x, d_norm);
+  if (rows_.split() == 1) {
+    c.reduce_partial(d_ln);  // tensor parallelism: this rank's vocabulary rows' share
+    if (!d_out.empty()) kernels::add(c.ctx, d_ln, d_out, d_ln);
+    kernels::zero(c.ctx, d_x);
+    norm_.backward(c, d_ln, a.x, a.norm, d_x);
+  } else {
+    // This rank's rows of the vocabulary slices' sum.
+    const tensor::Tensor d_rows = row_range(buf.gathered, 0, d_x.shape[0]);
+    rows_.sum_own_rows(c, d_ln, d_rows);
+    if (!d_out.empty()) kernels::add(c.ctx, d_rows, d_out, d_rows);
+    kernels::zero(c.ctx, d_x);
+    norm_.backward_rows(c, d_rows, a.x, RmsNormActs{a.rows, a.norm.rstd}, d_x, buf.d_norm);
+  }
   head_ready(c, ready);
 }
 

@@ -39,7 +39,7 @@ struct Compute {
   /// The weight of each sequence's MoE balance loss in the gradient: the cross-entropy's
   /// grad_scale times the sequence length T, so it counts like T tokens' losses (with
   /// grad_scale = 1 / tokens of the global batch: the mean over its sequences).
-  /// DenseModel::forward_backward sets it.
+  /// LanguageModel::forward_backward sets it.
   float aux_grad_scale = 0.0f;
   /// Expert parallelism (parallel.expert > 1, layers/moe_dispatch.hpp): the expert group
   /// the MoE layers dispatch their tokens over; nullptr (or a group of one): every rank
@@ -84,7 +84,7 @@ struct Compute {
 };
 
 /// Called during backward each time the gradients of every parameter at flat-buffer
-/// offsets >= the argument are final for this micro-batch (DenseModel::forward_backward).
+/// offsets >= the argument are final for this micro-batch (LanguageModel::forward_backward).
 using OnReady = std::function<void(std::size_t)>;
 
 /// Appends a parameter to a layout (the offset is assigned by the ParamStore).

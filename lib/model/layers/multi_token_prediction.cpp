@@ -20,9 +20,10 @@ MultiTokenPrediction::MultiTokenPrediction(const config::ModelSection& m, int te
       hnorm_(mtp_prefix(m) + "hnorm.weight", m.d_model, static_cast<float>(m.norm_eps)),
       eh_name_(mtp_prefix(m) + "eh_proj.weight"),
       block_(m, m.n_layers, tensor_parallel, ep, sequence_parallel),
-      head_(m, mtp_prefix(m) + "shared_head.norm.weight", tensor_parallel),
+      head_(m, mtp_prefix(m) + "shared_head.norm.weight", tensor_parallel,
+            sequence_parallel ? tensor_parallel : 1),
       C_(m.d_model),
-      row_split_(sequence_parallel ? tensor_parallel : 1) {
+      rows_(sequence_parallel ? tensor_parallel : 1) {
   if (m.mtp_depth != 1)
     throw Error("model: a multi-token prediction module needs model.mtp_depth 1, got " +
                 std::to_string(m.mtp_depth));
@@ -57,7 +58,7 @@ MtpActs MultiTokenPrediction::take(tensor::Arena& arena, std::int64_t B, std::in
   a.enorm = enorm_.take(arena, R, "mtp_enorm", "mtp_enorm_rstd");
   a.hnorm = hnorm_.take(arena, R, "mtp_hnorm", "mtp_hnorm_rstd");
   a.block = block_.take(arena, B, T, fused, recompute, shared);
-  a.head = R == N ? head_.take(arena, N) : head_.take(arena, N, R);
+  a.head = head_.take(arena, N);
   return a;
 }
 
@@ -84,10 +85,7 @@ void MultiTokenPrediction::forward(const Compute& c, const Embedding& embedding,
                                    std::int64_t B, std::int64_t T, const tensor::Tensor& h,
                                    const MtpActs& a) const {
   const std::int64_t R = rows(B * T);
-  if (R != B * T)
-    embedding.forward_rows(c, a.tokens, a.block.gathered, a.emb);  // this rank's rows
-  else
-    embedding.forward(c, a.tokens, a.emb);
+  embedding.forward(c, a.tokens, a.emb, {a.block.gathered, a.block.partial, {}});
   enorm_.forward(c, a.emb, a.enorm);
   hnorm_.forward(c, h, a.hnorm);
   // eh_proj of the concatenation without forming it: x = e W[:, :C]^T + h W[:, C:]^T, the
@@ -100,10 +98,7 @@ void MultiTokenPrediction::forward(const Compute& c, const Embedding& embedding,
              C_, w + C_, 2 * C_, 1.0f, x, C_);
   c.store(a.block.x);
   block_.forward(c, rope, B, T, a.block, a.head.x);
-  if (R != B * T)
-    head_.forward_rows(c, a.head);  // its norm on this rank's rows, then gathered
-  else
-    head_.forward(c, a.head.x, a.head.norm, a.head.logits);
+  head_.forward(c, a.head);
 }
 
 void MultiTokenPrediction::loss(const Compute& c, const MtpActs& a) const {
@@ -120,14 +115,10 @@ void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding
                                     const MtpActs& a, const BlockScratch& bs, const MtpScratch& s,
                                     const tensor::Tensor& d_x, const OnReady& ready) const {
   const std::int64_t N = B * T, R = rows(N);
-  const bool split = R != N;
+  const RowBuffers buf{a.block.gathered, a.block.partial, bs.d_norm};
   const tensor::Tensor dx = row_range(d_x, 0, R);  // this rank's rows
   // dx (d_x): d(loss)/d(the block's output), then d(loss)/d(eh_proj's output).
-  if (split)
-    head_.backward_rows(c, a.head, bs.d_ln, row_range(a.block.gathered, 0, R), bs.d_norm, dx,
-                        ready);
-  else
-    head_.backward(c, a.head, bs.d_ln, d_x, ready);
+  head_.backward(c, a.head, bs.d_ln, dx, ready, {}, buf);
   block_.backward(c, rope, B, T, a.block, bs, dx, ready);
   // eh_proj: d_e = dy W[:, :C], d_h = dy W[:, C:]; dW[:, :C] += dy^T e, dW[:, C:] += dy^T h.
   c.store(dx);
@@ -138,40 +129,22 @@ void MultiTokenPrediction::backward(const Compute& c, const Embedding& embedding
              2 * C_, 0.0f, d_e.ptr<float>(), C_);
   blas::gemm(c.ctx, blas::Trans::no, blas::Trans::no, R, C_, C_, 1.0f, dx.ptr<float>(), C_, w + C_,
              2 * C_, 0.0f, s.d_h.ptr<float>(), C_);
-  // The weight's gradient sums over every token row: split rows are gathered first (the
+  // The weight's gradient sums over every token row: a rank's rows are gathered first (the
   // output gradient into the block's partial-sum buffer, each input in turn into its
   // gathered-rows buffer), so every rank computes the same whole sum.
-  const float* dy = dx.ptr<float>();
-  const float* e = a.enorm.out.ptr<float>();
-  const float* hn = a.hnorm.out.ptr<float>();
-  if (split) {
-    c.tensor->all_gather(dx, a.block.partial);
-    c.tensor->all_gather(a.enorm.out, a.block.gathered);
-    dy = a.block.partial.ptr<float>();
-    e = a.block.gathered.ptr<float>();
-  }
+  const float* dy = rows_.every_row(c, dx, a.block.partial).ptr<float>();
+  const float* e = rows_.every_row(c, a.enorm.out, a.block.gathered).ptr<float>();
   blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_, e, C_, 1.0f, dw,
              2 * C_);
-  if (split) {
-    c.tensor->all_gather(a.hnorm.out, a.block.gathered);
-    hn = a.block.gathered.ptr<float>();
-  }
+  const float* hn = rows_.every_row(c, a.hnorm.out, a.block.gathered).ptr<float>();
   blas::gemm(c.ctx, blas::Trans::yes, blas::Trans::no, C_, C_, N, 1.0f, dy, C_, hn, C_, 1.0f,
              dw + C_, 2 * C_);
   // The norms accumulate their input gradients: into zeroed buffers. d_x is free now.
   kernels::zero(c.ctx, dx);
   kernels::zero(c.ctx, s.d_main);
-  if (split) {
-    enorm_.backward_rows(c, d_e, a.emb, a.enorm, dx, bs.d_norm);
-    // The embedding's backward reads every row's gradient.
-    c.tensor->all_gather(dx, a.block.gathered);
-    embedding.backward(c, a.tokens, a.block.gathered);
-    hnorm_.backward_rows(c, s.d_h, h, a.hnorm, s.d_main, bs.d_norm);
-  } else {
-    enorm_.backward(c, d_e, a.emb, a.enorm, d_x);
-    embedding.backward(c, a.tokens, d_x);  // the shared table's rows of the tokens t+1
-    hnorm_.backward(c, s.d_h, h, a.hnorm, s.d_main);
-  }
+  rows_.norm_backward(c, enorm_, d_e, a.emb, a.enorm, dx, buf);
+  embedding.backward(c, a.tokens, dx, buf);  // the shared table's rows of the tokens t+1
+  rows_.norm_backward(c, hnorm_, s.d_h, h, a.hnorm, s.d_main, buf);
   ready(c.offset(enorm_.weight()));  // the module's first tensor: all of it is final
 }
 

@@ -63,7 +63,7 @@ class MultiTokenPrediction {
   /// eh_proj replicated (every rank computes the block's whole input).
   /// `sequence_parallel` (with T > 1): as the model's blocks, the module keeps this rank's
   /// N / T token rows of its embedding, norms, eh_proj output and block (a
-  /// sequence-parallel Block), and its head gathers its norm's rows (Head::forward_rows).
+  /// sequence-parallel Block), and its head gathers its norm's rows (Head::forward).
   /// eh_proj's weight gradient is computed whole on every rank from the gathered rows of
   /// its output gradient and inputs (the same sum as without the split); enorm's and
   /// hnorm's are summed over the group (RmsNorm::backward_rows).
@@ -93,7 +93,7 @@ class MultiTokenPrediction {
 
   /// a.head.logits (N, V) from a.tokens (filled by the caller) and h (R, C), the main
   /// head's normalised output (under sequence parallelism this rank's rows of it,
-  /// HeadActs::rows); keeps a.
+  /// Head::normalised); keeps a.
   void forward(const Compute& c, const Embedding& embedding, const Rope& rope, std::int64_t B,
                std::int64_t T, const tensor::Tensor& h, const MtpActs& a) const;
   /// The per-token losses (a.head.losses, 0 where ignored); with a gradient:
@@ -103,7 +103,7 @@ class MultiTokenPrediction {
 
   /// Backward from the gradient in a.head.logits: accumulates the module's, the shared
   /// head's and the embedding's gradients and writes s.d_main = d(loss)/d(h), for the main
-  /// head's backward (Head::backward's or backward_rows' d_out; R rows). `d_x`, `bs`: the
+  /// head's backward (Head::backward's d_out; R rows). `d_x`, `bs`: the
   /// model's (N, C) residual gradient buffer and the blocks' scratch, used as scratch.
   /// Calls ready() as its
   /// parameters' gradients become final (the block's twice, then the module's first).
@@ -118,8 +118,8 @@ class MultiTokenPrediction {
   Block block_;
   Head head_;  // shared_head.norm with the model's projection
   std::int64_t C_;
-  int row_split_ = 1;  // sequence parallelism: the tensor group's size
-  std::int64_t rows(std::int64_t N) const { return N / row_split_; }
+  TokenRows rows_;  // whole rows, or a rank's rows under sequence parallelism
+  std::int64_t rows(std::int64_t N) const { return rows_.rows(N); }
 };
 
 }  // namespace dst::model

@@ -22,10 +22,12 @@
 /// stream and everything replicated compute alike on every rank of the group.
 /// Sequence parallelism (TensorSlice::sequence; Korthikanti et al. 2022) splits that
 /// replicated part by token rows instead: each block all-gathers its norms' rows before
-/// the attention and the MLP and reduce-scatters their partial sums after (block.hpp).
+/// the attention and the MLP and reduce-scatters their partial sums after (TokenRows,
+/// token_rows.hpp).
 ///
-/// The first version computes in host memory over the group's MPI communicator (a model on
-/// a device refuses it); its collectives carry the group's deadline.
+/// The collectives below take f32 tensors in host memory over the group's communicator
+/// (LanguageModel::set_tensor_parallel refuses a model on a device); each carries the
+/// group's deadline.
 
 #include <chrono>
 #include <cstdint>

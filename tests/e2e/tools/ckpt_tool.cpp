@@ -7,7 +7,7 @@
 //   ckpt_tool logits CKPT.h5 OUT_PREFIX [--batch B] [--seq T]
 //       reads the parameters back through ckpt::Reader and writes, for a fixed batch of
 //       tokens: OUT_PREFIX.tokens.i32 (B, T), OUT_PREFIX.model.f32 (B, T, V) from
-//       DenseModel::forward, OUT_PREFIX.decoder.f32 (B, T, V) from the KV-cache decoder
+//       LanguageModel::forward, OUT_PREFIX.decoder.f32 (B, T, V) from the KV-cache decoder
 //       (half of each sequence as a prompt, the rest one token at a time; not for
 //       latent-attention or MoE models, which the decoder refuses). Raw little-endian
 //       arrays (numpy.fromfile).
@@ -26,7 +26,7 @@
 #include "core/rng.hpp"
 #include "core/version.hpp"
 #include "model/decoder.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 
 namespace {
 
@@ -127,7 +127,7 @@ int logits(const std::vector<std::string>& args) {
   const dst::config::RunConfig cfg =
       dst::config::load_deck_text(reader.metadata().deck_yaml, "stored deck");
   const auto& m = cfg.model;
-  dst::model::DenseModel model(m, B, T, dst::tensor::Arena::Mode::allocate);
+  dst::model::LanguageModel model(m, B, T, dst::tensor::Arena::Mode::allocate);
   auto& ps = model.params();
   for (std::size_t i = 0; i < ps.size(); ++i)
     reader.read("params/" + ps.spec(i).name, dims(ps.spec(i).shape), ps.param(i).ptr<float>());

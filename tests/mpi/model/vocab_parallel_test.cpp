@@ -75,6 +75,24 @@ std::vector<float> columns(const std::vector<float>& full, std::int64_t n, std::
   return out;
 }
 
+/// Rank's rows of a (V, C) table: (slice.count, C).
+Tensor slice_rows(std::vector<float>& table, const VocabSlice& s) {
+  return Tensor{table.data() + s.first * kC, Shape{s.count, kC}, dst::DType::f32,
+                dst::tensor::Device::host};
+}
+
+/// The cross-entropy's per-row scratch for n rows, on the host.
+struct Scratch {
+  explicit Scratch(std::int64_t n)
+      : keys(static_cast<std::size_t>(n)), sums(2 * static_cast<std::size_t>(n)) {}
+  std::vector<std::int32_t> keys;
+  std::vector<double> sums;
+  dst::model::CrossEntropyScratch tensors() {
+    const auto n = static_cast<std::int64_t>(keys.size());
+    return {view(keys, {n}), view(sums, {n, 2})};
+  }
+};
+
 bool same_bits(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
@@ -165,8 +183,8 @@ TEST_P(VocabParallel, EmbeddingForwardIsTheFullGatherBitForBit) {
   dst::kernels::embedding_forward(ctx(), view(tokens, {kN}), view(table, {v, kC}),
                                   view(ref, {kN, kC}));
   std::vector<float> out(ref.size(), 1.0f);
-  dst::model::vocab_parallel_embedding_forward(g.comm, s, tokens.data(), kN,
-                                               table.data() + s.first * kC, kC, out.data());
+  dst::model::vocab_parallel_embedding_forward(ctx(), g.comm, s, view(tokens, {kN}),
+                                               slice_rows(table, s), view(out, {kN, kC}));
   EXPECT_TRUE(same_bits(out.data(), ref.data(), ref.size()));
   EXPECT_TRUE(std::signbit(out[5 * kC]));  // token V - 1, column 0: -0.0
 }
@@ -187,14 +205,20 @@ TEST_P(VocabParallel, EmbeddingScatterIsEachRanksRowsOfTheFullGather) {
   const std::int64_t n = kN / world_size() * world_size();
   const std::int64_t rows = n / world_size();
   std::vector<float> whole(ref.size(), 1.0f), mine(static_cast<std::size_t>(rows * kC), 1.0f);
-  dst::model::vocab_parallel_embedding_scatter(
-      g.comm, s, tokens.data(), n, table.data() + s.first * kC, kC, whole.data(), mine.data());
+  const auto first = [&](std::int64_t k) {
+    return Tensor{tokens.data(), Shape{k}, dst::DType::i32, dst::tensor::Device::host};
+  };
+  const auto whole_of = [&](std::int64_t k) {
+    return Tensor{whole.data(), Shape{k, kC}, dst::DType::f32, dst::tensor::Device::host};
+  };
+  dst::model::vocab_parallel_embedding_scatter(ctx(), g.comm, s, first(n), slice_rows(table, s),
+                                               whole_of(n), view(mine, {rows, kC}));
   EXPECT_TRUE(same_bits(mine.data(), ref.data() + world_rank() * rows * kC, mine.size()));
   if (world_size() > 1) {
     CountingCommunicator counting(g.comm);
-    EXPECT_THROW(dst::model::vocab_parallel_embedding_scatter(counting, s, tokens.data(), n - 1,
-                                                              table.data() + s.first * kC, kC,
-                                                              whole.data(), mine.data()),
+    EXPECT_THROW(dst::model::vocab_parallel_embedding_scatter(ctx(), counting, s, first(n - 1),
+                                                              slice_rows(table, s), whole_of(n - 1),
+                                                              view(mine, {rows, kC})),
                  dst::Error);
     EXPECT_EQ(counting.allreduces + counting.others, 0);
   }
@@ -210,7 +234,8 @@ TEST_P(VocabParallel, EmbeddingBackwardSlicesAreTheFullKernelBitForBit) {
   std::vector<float> mine(ref.begin() + s.first * kC, ref.begin() + (s.first + s.count) * kC);
   dst::kernels::embedding_backward(ctx(), view(tokens, {kN}), view(dout, {kN, kC}),
                                    view(ref, {v, kC}));
-  dst::model::vocab_parallel_embedding_backward(s, tokens.data(), kN, dout.data(), kC, mine.data());
+  dst::model::vocab_parallel_embedding_backward(ctx(), s, view(tokens, {kN}), view(dout, {kN, kC}),
+                                                view(mine, {s.count, kC}));
   // This rank's slice; the slices of all ranks side by side are the whole table.
   EXPECT_TRUE(same_bits(mine.data(), ref.data() + s.first * kC, mine.size()));
 }
@@ -234,8 +259,10 @@ void check_cross_entropy(std::int64_t v, bool grad) {
                                         view(ref_loss, {kN}));
   std::vector<float> local = columns(full, kN, v, s);  // (N, V / P)
   std::vector<float> loss(kN, -1.0f);
-  dst::model::vocab_parallel_cross_entropy(counting, s, local.data(), kN, targets.data(), kIgnore,
-                                           grad_scale, grad, loss.data());
+  Scratch scratch(kN);
+  dst::model::vocab_parallel_cross_entropy(ctx(), counting, s, view(local, {kN, s.count}),
+                                           view(targets, {kN}), kIgnore, grad_scale, grad,
+                                           view(loss, {kN}), scratch.tensors());
   EXPECT_EQ(counting.allreduces, 2);  // max, then the sums and target logits: all rows
   EXPECT_EQ(counting.others, 0);
   const std::vector<float> ref_local = grad ? columns(ref_grad, kN, v, s) : columns(full, kN, v, s);
@@ -284,19 +311,22 @@ TEST_P(VocabParallel, CrossEntropyGradientMatchesFiniteDifferences) {
   Group g;
   const VocabSlice s = VocabSlice::of(v, world_rank(), world_size());
   const std::vector<float> full = random_vec(static_cast<std::size_t>(kN * v), 31, 2.0f);
-  const std::vector<std::int32_t> targets = tokens_for(v, true);
+  std::vector<std::int32_t> targets = tokens_for(v, true);
+  Scratch scratch(kN);
   const auto total_loss = [&](const std::vector<float>& logits) {
     std::vector<float> local = columns(logits, kN, v, s), loss(kN);
-    dst::model::vocab_parallel_cross_entropy(g.comm, s, local.data(), kN, targets.data(), kIgnore,
-                                             1.0f, false, loss.data());
+    dst::model::vocab_parallel_cross_entropy(ctx(), g.comm, s, view(local, {kN, s.count}),
+                                             view(targets, {kN}), kIgnore, 1.0f, false,
+                                             view(loss, {kN}), scratch.tensors());
     double sum = 0.0;
     for (const float l : loss)
       sum += l;
     return sum;
   };
   std::vector<float> local = columns(full, kN, v, s), loss(kN);
-  dst::model::vocab_parallel_cross_entropy(g.comm, s, local.data(), kN, targets.data(), kIgnore,
-                                           1.0f, true, loss.data());
+  dst::model::vocab_parallel_cross_entropy(ctx(), g.comm, s, view(local, {kN, s.count}),
+                                           view(targets, {kN}), kIgnore, 1.0f, true,
+                                           view(loss, {kN}), scratch.tensors());
   // The whole gradient on every rank, to compare any entry.
   std::vector<float> grad(full.size());
   for (int r = 0; r < world_size(); ++r) {
@@ -333,27 +363,30 @@ TEST_P(VocabParallel, BadIdsAreNamedBeforeAnyCommunication) {
   std::vector<float> table(static_cast<std::size_t>(s.count * kC)), out(kN * kC);
   const std::string want = "token id " + std::to_string(v) + " at position 3";
   try {
-    dst::model::vocab_parallel_embedding_forward(counting, s, tokens.data(), kN, table.data(), kC,
-                                                 out.data());
+    dst::model::vocab_parallel_embedding_forward(ctx(), counting, s, view(tokens, {kN}),
+                                                 view(table, {s.count, kC}), view(out, {kN, kC}));
     ADD_FAILURE() << "no error for token id V";
   } catch (const dst::Error& e) {
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
   tokens[3] = -1;
-  EXPECT_THROW(dst::model::vocab_parallel_embedding_forward(counting, s, tokens.data(), kN,
-                                                            table.data(), kC, out.data()),
-               dst::Error);
-  EXPECT_THROW(dst::model::vocab_parallel_embedding_backward(s, tokens.data(), kN, out.data(), kC,
-                                                             table.data()),
+  EXPECT_THROW(
+      dst::model::vocab_parallel_embedding_forward(ctx(), counting, s, view(tokens, {kN}),
+                                                   view(table, {s.count, kC}), view(out, {kN, kC})),
+      dst::Error);
+  EXPECT_THROW(dst::model::vocab_parallel_embedding_backward(
+                   ctx(), s, view(tokens, {kN}), view(out, {kN, kC}), view(table, {s.count, kC})),
                dst::Error);
 
   std::vector<std::int32_t> targets = tokens_for(v, true);
   targets[4] = static_cast<std::int32_t>(v + 7);
   std::vector<float> logits(static_cast<std::size_t>(kN * s.count)), loss(kN);
+  Scratch scratch(kN);
   const std::string want_target = "target " + std::to_string(v + 7) + " at position 4";
   try {
-    dst::model::vocab_parallel_cross_entropy(counting, s, logits.data(), kN, targets.data(),
-                                             kIgnore, 1.0f, true, loss.data());
+    dst::model::vocab_parallel_cross_entropy(ctx(), counting, s, view(logits, {kN, s.count}),
+                                             view(targets, {kN}), kIgnore, 1.0f, true,
+                                             view(loss, {kN}), scratch.tensors());
     ADD_FAILURE() << "no error for target V + 7";
   } catch (const dst::Error& e) {
     EXPECT_NE(std::string(e.what()).find(want_target), std::string::npos) << e.what();
@@ -362,10 +395,10 @@ TEST_P(VocabParallel, BadIdsAreNamedBeforeAnyCommunication) {
   VocabSlice wrong = s;
   wrong.first = (s.first + s.count) % v + (world_size() == 1 ? 1 : 0);
   targets[4] = 0;
-  EXPECT_THROW(
-      dst::model::vocab_parallel_cross_entropy(counting, wrong, logits.data(), kN, targets.data(),
-                                               kIgnore, 1.0f, false, loss.data()),
-      dst::Error);
+  EXPECT_THROW(dst::model::vocab_parallel_cross_entropy(
+                   ctx(), counting, wrong, view(logits, {kN, s.count}), view(targets, {kN}),
+                   kIgnore, 1.0f, false, view(loss, {kN}), scratch.tensors()),
+               dst::Error);
   EXPECT_EQ(counting.allreduces + counting.others, 0);  // every rank threw before a collective
 }
 

@@ -62,7 +62,7 @@ struct Synced {
   config::Layout layout;
   comm::ProcessGroups groups;
   std::unique_ptr<GradSync> sync;
-  std::unique_ptr<model::DenseModel> model, reference;
+  std::unique_ptr<model::LanguageModel> model, reference;
   std::unique_ptr<AdamW> reference_optimizer;
   bool own_experts = false;
 
@@ -86,13 +86,13 @@ struct Synced {
     options.storage = model::storage_type(cfg.training.precision);
     options.ep = experts;
     // The reference: the same layout in memory of its own, its master inside.
-    reference = std::make_unique<model::DenseModel>(cfg.model, 1, kSeq,
-                                                    tensor::Arena::Mode::allocate, options);
+    reference = std::make_unique<model::LanguageModel>(cfg.model, 1, kSeq,
+                                                       tensor::Arena::Mode::allocate, options);
     options.gradient_memory = sync->grad_memory();
     options.param_memory = sync->param_memory();
     options.master_outside = sync->master_shard();
-    model = std::make_unique<model::DenseModel>(cfg.model, 1, kSeq, tensor::Arena::Mode::allocate,
-                                                options);
+    model = std::make_unique<model::LanguageModel>(cfg.model, 1, kSeq,
+                                                   tensor::Arena::Mode::allocate, options);
     sync->attach(model->params());
     model->params().initialize(7);
     sync->initialize(*model);

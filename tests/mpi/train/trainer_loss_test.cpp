@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "config/deck.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "train/trainer.hpp"
 
 namespace dst::train {
@@ -60,7 +60,7 @@ TEST(TrainerLoss, IsTheTokenWeightedMeanOfTheGlobalBatchWithUnevenPadding) {
   const std::vector<std::uint64_t> batch =
       trainer.sampler().global_batch(trainer.sampler().position());
   ASSERT_EQ(batch.size(), 8u);
-  model::DenseModel ref(cfg.model, 1, kT, tensor::Arena::Mode::allocate);
+  model::LanguageModel ref(cfg.model, 1, kT, tensor::Arena::Mode::allocate);
   ref.params().initialize(cfg.run.seed);
   double loss_sum = 0.0, mean_of_means = 0.0;
   std::int64_t tokens = 0;
@@ -71,8 +71,9 @@ TEST(TrainerLoss, IsTheTokenWeightedMeanOfTheGlobalBatchWithUnevenPadding) {
       in[t] = row[t] == model::kIgnoreIndex ? 0 : row[t];
       target[t] = row[t + 1];
     }
-    std::int64_t v = 0;
-    const double s = ref.forward(in.data(), target.data(), &v);
+    const model::MicroBatchResult r = ref.forward(in.data(), target.data());
+    const double s = r.loss_sum;
+    const std::int64_t v = r.valid_tokens;
     EXPECT_EQ(v, kT - PaddedStore::pad(id)) << "sample " << id;
     loss_sum += s;
     tokens += v;

@@ -12,12 +12,12 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "model/decoder.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 
 namespace {
 
 using dst::model::Decoder;
-using dst::model::DenseModel;
+using dst::model::LanguageModel;
 using dst::model::SamplingOptions;
 using dst::tensor::Arena;
 
@@ -47,7 +47,7 @@ dst::config::ModelSection tiny(bool gqa, bool tied) {
 /// Weights from the deterministic initialisation, scaled up (std ~0.3 instead of 0.02)
 /// so attention is far from uniform and logits spread over several units: with the raw
 /// init every logit is ~0 and a wrong position or cache row would hardly show.
-void init_params(DenseModel& model, std::uint64_t seed) {
+void init_params(LanguageModel& model, std::uint64_t seed) {
   auto& ps = model.params();
   ps.initialize(seed);
   for (std::size_t i = 0; i < ps.size(); ++i) {
@@ -86,7 +86,7 @@ TEST_P(DecoderParity, CachedLogitsEqualFullSequenceForwardAtEveryPosition) {
   const auto [gqa, tied] = GetParam();
   const auto m = tiny(gqa, tied);
   const std::int64_t T = 12, V = m.vocab_size;
-  DenseModel model(m, 1, T, Arena::Mode::allocate);
+  LanguageModel model(m, 1, T, Arena::Mode::allocate);
   init_params(model, 11);
   const auto tok = tokens_of(T, V, 3);
   model.forward(tok.data(), tok.data());
@@ -125,7 +125,7 @@ TEST(Decoder, SkipsTheMultiTokenPredictionModule) {
   auto m = tiny(true, false);
   m.mtp_depth = 1;
   const std::int64_t T = 12, V = m.vocab_size;
-  DenseModel model(m, 1, T, Arena::Mode::allocate);
+  LanguageModel model(m, 1, T, Arena::Mode::allocate);
   init_params(model, 17);
   const auto tok = tokens_of(T, V, 4);
   model.forward(tok.data(), tok.data());
@@ -182,7 +182,7 @@ TEST_P(LatentDecoderParity, CachedLogitsEqualFullSequenceForwardAtEveryPosition)
   const LatentCase k = GetParam();
   const auto m = latent(k.q_lora, k.nope, k.moe);
   const std::int64_t T = 12, V = m.vocab_size;
-  DenseModel model(m, 1, T, Arena::Mode::allocate);
+  LanguageModel model(m, 1, T, Arena::Mode::allocate);
   init_params(model, 21);
   const auto tok = tokens_of(T, V, 4);
   model.forward(tok.data(), tok.data());
@@ -225,7 +225,7 @@ TEST(Decoder, LatentCacheHoldsTheCompressedLatentPerToken) {
 
 TEST(Decoder, RefusesOverflowBadTokensAndMismatchedStores) {
   const auto m = tiny(true, false);
-  DenseModel model(m, 1, 4, Arena::Mode::allocate);
+  LanguageModel model(m, 1, 4, Arena::Mode::allocate);
   init_params(model, 1);
   Decoder dec(m, model.params(), 6);
   const auto tok = tokens_of(6, m.vocab_size, 1);
@@ -257,7 +257,7 @@ std::vector<std::int32_t> generate(Decoder& dec, const std::vector<std::int32_t>
 
 TEST(Decoder, GenerationIsDeterministicAndSeeded) {
   const auto m = tiny(true, false);
-  DenseModel model(m, 1, 4, Arena::Mode::allocate);
+  LanguageModel model(m, 1, 4, Arena::Mode::allocate);
   init_params(model, 5);
   Decoder dec(m, model.params(), m.max_seq_len);
   const auto prompt = tokens_of(4, m.vocab_size, 9);

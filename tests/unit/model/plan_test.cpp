@@ -6,7 +6,7 @@
 
 #include "config/deck.hpp"
 #include "core/error.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/pipeline_schedule.hpp"
 #include "model/plan.hpp"
 

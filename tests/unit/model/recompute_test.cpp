@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "core/rng.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 
 namespace {
 
 using dst::DType;
 using dst::config::Recompute;
-using dst::model::DenseModel;
+using dst::model::LanguageModel;
 using dst::tensor::Arena;
 
 constexpr std::int64_t kB = 2, kT = 12;
@@ -82,7 +82,7 @@ Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage
   dst::model::ModelOptions options;
   options.storage = storage;
   options.recompute = r;
-  DenseModel net(m, kB, kT, Arena::Mode::allocate, options);
+  LanguageModel net(m, kB, kT, Arena::Mode::allocate, options);
   net.params().initialize(3);
   net.refresh_compute_params();
   net.params().zero_grads();
@@ -94,19 +94,21 @@ Result train_two_micro_batches(const dst::config::ModelSection& m, DType storage
     net.update_moe_bias(loads, 0.05);
   }
   Result out;
+  dst::model::MicroBatchResult last;
   for (std::uint64_t micro = 0; micro < 2; ++micro) {
     const auto tokens = draw(2 * micro, static_cast<std::int32_t>(m.vocab_size));
     auto targets = draw(2 * micro + 1, static_cast<std::int32_t>(m.vocab_size));
     targets[5] = dst::model::kIgnoreIndex;
-    out.losses.push_back(net.forward_backward(tokens.data(), targets.data(), 0.25f, nullptr,
-                                              [&](std::size_t o) { out.ready.push_back(o); }));
+    last = net.forward_backward(tokens.data(), targets.data(), 0.25f,
+                                [&](std::size_t o) { out.ready.push_back(o); });
+    out.losses.push_back(last.loss_sum);
   }
   const std::size_t n = net.params().buffer_elements();
   out.grads.assign(net.params().grads_data(), net.params().grads_data() + n);
   const auto tokens = draw(7, static_cast<std::int32_t>(m.vocab_size));
-  if (m.n_routed_experts > 0) out.aux_loss = net.last_aux_loss();
-  out.mtp_loss = net.last_mtp_loss();
-  out.eval_loss = net.forward(tokens.data(), tokens.data());
+  if (m.n_routed_experts > 0) out.aux_loss = last.aux_loss();
+  out.mtp_loss = last.mtp_loss_sum;
+  out.eval_loss = net.forward(tokens.data(), tokens.data()).loss_sum;
   if (m.n_routed_experts > 0) out.moe_loads = net.moe_loads();
   return out;
 }
@@ -185,7 +187,7 @@ TEST(Recompute, LatentAttentionAndMoeKeepLess) {
   const auto mem = [&](Recompute r) {
     dst::model::ModelOptions o;
     o.recompute = r;
-    return DenseModel(m, kB, kT, Arena::Mode::plan, o).memory();
+    return LanguageModel(m, kB, kT, Arena::Mode::plan, o).memory();
   };
   const auto none = mem(Recompute::none), selective = mem(Recompute::selective),
              full = mem(Recompute::full);
@@ -203,7 +205,7 @@ TEST(Recompute, KeepsLessActivationMemory) {
   const auto mem = [&](Recompute r) {
     dst::model::ModelOptions o;
     o.recompute = r;
-    return DenseModel(m, kB, kT, Arena::Mode::plan, o).memory();
+    return LanguageModel(m, kB, kT, Arena::Mode::plan, o).memory();
   };
   const auto none = mem(Recompute::none), selective = mem(Recompute::selective),
              full = mem(Recompute::full);

@@ -12,13 +12,14 @@
 
 #include "config/deck.hpp"
 #include "core/error.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/pipeline_schedule.hpp"
 #include "model/transformer.hpp"
 
 namespace {
 
-using dst::model::DenseModel;
+using dst::model::LanguageModel;
+using dst::model::MicroBatchResult;
 using dst::tensor::Arena;
 using dst::tensor::Tensor;
 
@@ -289,7 +290,7 @@ INSTANTIATE_TEST_SUITE_P(Transformer, ExpertSlots, ::testing::Values(0, 1), [](c
 TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
   const auto m = three_blocks();
   const std::int64_t B = 2, T = 5, N = B * T, cut = 1;
-  DenseModel model(m, B, T, Arena::Mode::allocate);
+  LanguageModel model(m, B, T, Arena::Mode::allocate);
   model.params().initialize(3);
   std::vector<std::int32_t> tokens, targets;
   for (std::int64_t i = 0; i < N; ++i) {
@@ -298,7 +299,7 @@ TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
                              : static_cast<std::int32_t>((5 * i + 1) % m.vocab_size));
   }
   model.params().zero_grads();
-  const double loss = model.forward_backward(tokens.data(), targets.data(), 0.5f);
+  const double loss = model.forward_backward(tokens.data(), targets.data(), 0.5f).loss_sum;
   const auto elements = model.params().buffer_elements();
   const std::vector<float> grads(model.params().grads_data(),
                                  model.params().grads_data() + elements);
@@ -353,7 +354,7 @@ TEST(Transformer, TwoBlockRangesGiveTheWholeModelsLogitsAndGradients) {
 
 namespace {
 
-// Pipeline stages as DenseModels (model/stage.hpp): three stages of blocks {0}, {1}, {2},
+// Pipeline stages as LanguageModels (model/stage.hpp): three stages of blocks {0}, {1}, {2},
 // each holding only its layers, run micro-batch by micro-batch with the activations and
 // their gradients copied between them as the trainer sends them, give the whole model's
 // loss and gradients bit for bit (the same operations on the same inputs). The middle
@@ -361,12 +362,12 @@ namespace {
 TEST(PipelineStages, ThreeStagesGiveTheWholeModelsLossAndGradients) {
   const auto m = three_blocks();
   const std::int64_t B = 2, T = 4, N = B * T;
-  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  LanguageModel whole(m, B, T, Arena::Mode::allocate);
   whole.params().initialize(7);
   whole.refresh_compute_params();
-  std::vector<std::unique_ptr<DenseModel>> stages;
+  std::vector<std::unique_ptr<LanguageModel>> stages;
   for (int s = 0; s < 3; ++s) {
-    stages.push_back(std::make_unique<DenseModel>(
+    stages.push_back(std::make_unique<LanguageModel>(
         m, B, T, Arena::Mode::allocate, holding({one_block(s, s == 0, s == 2, s == 1 ? 2 : 1)})));
     stages.back()->params().initialize(7);
     stages.back()->refresh_compute_params();
@@ -393,15 +394,16 @@ TEST(PipelineStages, ThreeStagesGiveTheWholeModelsLossAndGradients) {
       tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 5 + micro * 3) % 13);
       targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + micro) % 13);
     }
-    whole_loss += whole.forward_backward(tokens.data(), targets.data(), 0.25f);
+    whole_loss += whole.forward_backward(tokens.data(), targets.data(), 0.25f).loss_sum;
     const auto slot = static_cast<std::size_t>(micro);
     stages[0]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true);
     copy(stages[0]->stage_output(0), stages[1]->stage_input(slot));
     stages[1]->stage_forward(slot, tokens.data(), targets.data(), 0.25f, true);
     copy(stages[1]->stage_output(slot), stages[2]->stage_input(0));
-    std::int64_t valid = 0;
-    staged_loss += stages[2]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true, &valid);
-    EXPECT_EQ(valid, N);
+    const MicroBatchResult last =
+        stages[2]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true);
+    staged_loss += last.loss_sum;
+    EXPECT_EQ(last.valid_tokens, N);
     stages[2]->stage_backward(0);
     copy(stages[2]->stage_gradient(), stages[1]->stage_gradient());
     stages[1]->stage_backward(slot);
@@ -439,12 +441,12 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
   m.moe.score = dst::config::MoeScore::sigmoid;
   m.moe.seq_aux_loss_alpha = 0.1;
   const std::int64_t B = 2, T = 4, N = B * T;
-  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  LanguageModel whole(m, B, T, Arena::Mode::allocate);
   whole.params().initialize(7);
   whole.refresh_compute_params();
-  std::vector<std::unique_ptr<DenseModel>> st;
+  std::vector<std::unique_ptr<LanguageModel>> st;
   for (int s = 0; s < 3; ++s) {
-    st.push_back(std::make_unique<DenseModel>(
+    st.push_back(std::make_unique<LanguageModel>(
         m, B, T, Arena::Mode::allocate, holding({one_block(s, s == 0, s == 2, s == 2 ? 1 : 2)})));
     st.back()->params().initialize(7);
     st.back()->refresh_compute_params();
@@ -464,8 +466,10 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
   whole.params().zero_grads();
   double whole_loss = 0.0, whole_aux = 0.0;
   for (int micro = 0; micro < 2; ++micro) {
-    whole_loss += whole.forward_backward(tokens[micro].data(), targets[micro].data(), 0.25f);
-    whole_aux += whole.last_aux_loss();
+    const MicroBatchResult r =
+        whole.forward_backward(tokens[micro].data(), targets[micro].data(), 0.25f);
+    whole_loss += r.loss_sum;
+    whole_aux += r.aux_loss();
   }
   ASSERT_GT(whole_aux, 0.0);
 
@@ -478,8 +482,10 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
     const auto slot = static_cast<std::size_t>(s == 2 ? 0 : micro);
     if (s > 0)
       copy(st[s - 1]->stage_output(static_cast<std::size_t>(micro)), st[s]->stage_input(slot));
-    loss += st[s]->stage_forward(slot, tokens[micro].data(), targets[micro].data(), 0.25f, true);
-    for (const double a : st[s]->last_aux_losses())
+    const MicroBatchResult r =
+        st[s]->stage_forward(slot, tokens[micro].data(), targets[micro].data(), 0.25f, true);
+    loss += r.loss_sum;
+    for (const double a : r.aux_losses)
       aux[static_cast<std::size_t>(micro)] += a;
   };
   const auto backward = [&](int s, int micro) {
@@ -533,12 +539,12 @@ TEST(PipelineStages, MoeStagesInOneFOneBOrderGiveTheWholeModels) {
 TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
   const auto m = three_blocks();
   const std::int64_t B = 2, T = 4, N = B * T;
-  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  LanguageModel whole(m, B, T, Arena::Mode::allocate);
   whole.params().initialize(7);
   whole.refresh_compute_params();
   const auto chunk = one_block;
   const auto make = [&](const std::vector<dst::model::StageBlocks>& chunks) {
-    auto d = std::make_unique<DenseModel>(m, B, T, Arena::Mode::allocate, holding(chunks));
+    auto d = std::make_unique<LanguageModel>(m, B, T, Arena::Mode::allocate, holding(chunks));
     d->params().initialize(7);
     d->refresh_compute_params();
     return d;
@@ -577,7 +583,8 @@ TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
       tokens[micro].push_back(static_cast<std::int32_t>((i * 5 + k * 3) % 13));
       targets[micro].push_back(static_cast<std::int32_t>((i * 7 + k) % 13));
     }
-    whole_loss += whole.forward_backward(tokens[micro].data(), targets[micro].data(), 0.25f);
+    whole_loss +=
+        whole.forward_backward(tokens[micro].data(), targets[micro].data(), 0.25f).loss_sum;
   }
   // Both micro-batches through chunk 0 and rank 1, then each through the head chunk and
   // back, the backwards in micro-batch order per chunk.
@@ -592,7 +599,8 @@ TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
     const auto k = static_cast<std::int64_t>(micro);
     const std::size_t a = r0->record(0, k), b = r1->record(0, k), h = r0->record(1, k);
     copy(r1->stage_output(b), r0->stage_input(h));
-    staged_loss += r0->stage_forward(h, tokens[micro].data(), targets[micro].data(), 0.25f, true);
+    staged_loss +=
+        r0->stage_forward(h, tokens[micro].data(), targets[micro].data(), 0.25f, true).loss_sum;
     r0->stage_backward(h);
     copy(r0->stage_gradient(), r1->stage_gradient());
     r1->stage_backward(b);
@@ -600,7 +608,7 @@ TEST(PipelineStages, InterleavedChunksGiveTheWholeModelsLossAndGradients) {
     r0->stage_backward(a);
   }
   EXPECT_EQ(staged_loss, whole_loss);
-  for (const DenseModel* s : {r0.get(), r1.get()})
+  for (const LanguageModel* s : {r0.get(), r1.get()})
     for (const auto& spec : s->params().specs()) {
       const Tensor x = s->params().grad(spec.name), y = whole.params().grad(spec.name);
       ASSERT_EQ(x.numel(), y.numel()) << spec.name;
@@ -620,15 +628,15 @@ TEST(PipelineStages, TheLastStagesCopyOfTheTableSumsToTheWholeModelsGradient) {
   m.tie_embeddings = true;
   m.mtp_depth = 1;
   const std::int64_t B = 2, T = 4, N = B * T;
-  DenseModel whole(m, B, T, Arena::Mode::allocate);
+  LanguageModel whole(m, B, T, Arena::Mode::allocate);
   whole.params().initialize(7);
   whole.refresh_compute_params();
   dst::model::StageBlocks first = one_block(0, true, false, 2), last = one_block(1, false, true, 1);
   last.last = 3;
-  std::vector<std::unique_ptr<DenseModel>> stages;
+  std::vector<std::unique_ptr<LanguageModel>> stages;
   for (const auto& blocks : {first, last}) {
     stages.push_back(
-        std::make_unique<DenseModel>(m, B, T, Arena::Mode::allocate, holding({blocks})));
+        std::make_unique<LanguageModel>(m, B, T, Arena::Mode::allocate, holding({blocks})));
     stages.back()->params().initialize(7);
     stages.back()->refresh_compute_params();
   }
@@ -656,13 +664,16 @@ TEST(PipelineStages, TheLastStagesCopyOfTheTableSumsToTheWholeModelsGradient) {
       tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 5 + micro * 3) % 13);
       targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + micro) % 13);
     }
-    whole_loss += whole.forward_backward(tokens.data(), targets.data(), 0.25f);
-    whole_mtp += whole.last_mtp_loss();
+    const MicroBatchResult w = whole.forward_backward(tokens.data(), targets.data(), 0.25f);
+    whole_loss += w.loss_sum;
+    whole_mtp += w.mtp_loss_sum;
     const auto slot = static_cast<std::size_t>(micro);
     stages[0]->stage_forward(slot, tokens.data(), targets.data(), 0.25f, true);
     copy(stages[0]->stage_output(slot), stages[1]->stage_input(0));
-    staged_loss += stages[1]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true);
-    staged_mtp += stages[1]->last_mtp_loss();
+    const MicroBatchResult s1 =
+        stages[1]->stage_forward(0, tokens.data(), targets.data(), 0.25f, true);
+    staged_loss += s1.loss_sum;
+    staged_mtp += s1.mtp_loss_sum;
     stages[1]->stage_backward(0);
     copy(stages[1]->stage_gradient(), stages[0]->stage_gradient());
     stages[0]->stage_backward(slot);

@@ -7,7 +7,7 @@
 
 #include "config/deck.hpp"
 #include "core/error.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/pipeline_schedule.hpp"
 #include "model/plan.hpp"
 #include "train/plan.hpp"
@@ -226,7 +226,7 @@ TEST(Plan, PipelineStagesHoldMoeBlocks) {
     dst::model::ModelOptions o;
     o.chunks = {sb};
     o.ep = dst::model::ExpertSlice{0, 2};
-    const dst::model::DenseModel part(c.model, 1, T, dst::tensor::Arena::Mode::plan, o);
+    const dst::model::LanguageModel part(c.model, 1, T, dst::tensor::Arena::Mode::plan, o);
     EXPECT_EQ(part.moe_blocks(), moe_blocks[s]);
     EXPECT_EQ(st.parameters, part.params().parameter_count());
     const std::uint64_t ep =

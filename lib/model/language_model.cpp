@@ -1,4 +1,4 @@
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -22,7 +22,7 @@ using tensor::Arena;
 using tensor::Tensor;
 }  // namespace
 
-struct DenseModel::Impl {
+struct LanguageModel::Impl {
   Transformer net;
   // The layers' context: the back end with math = the storage type, the storage type
   // (emulated 16-bit storage, docs/precision.md: f32 = none), and the parameters. For
@@ -87,31 +87,29 @@ struct DenseModel::Impl {
   std::vector<std::vector<BlockActs>> slot_layer;
   std::vector<Tensor> slot_tokens, slot_targets, slot_out;
   // Each record's gradient scale (stage_forward's grad_scale: the balance loss's gradient
-  // in stage_backward) and the record of the last forward (last_aux_loss()).
+  // in stage_backward).
   std::vector<float> slot_scale;
-  std::size_t last_slot = 0;
   std::vector<BlockActs> layer;
   Tensor tokens, targets;  // (N) i32
   HeadActs head;
   // Multi-token prediction (model.mtp_depth 1): its record and scratch, its input tokens
-  // and targets on the host, its last loss sum and valid targets, and the weight of its
-  // token losses in the gradient relative to the main ones' (set_mtp_loss_scale).
+  // and targets on the host, and the weight of its token losses in the gradient relative
+  // to the main ones' (set_mtp_loss_scale).
   MtpActs mtp;
   MtpScratch mtp_scratch;
   std::vector<std::int32_t> mtp_tokens_host, mtp_targets_host;
-  double mtp_loss = 0.0;
-  std::int64_t mtp_valid = 0;
   double mtp_scale = 0.0;
-  Rope rope;           // (T, D/2) RoPE tables
-  Tensor d_x;          // (N, C) gradient of the residual stream
-  BlockScratch block;  // backward scratch, shared by all blocks
-  double forward_s = 0.0, backward_s = 0.0;
+  Rope rope;                       // (T, D/2) RoPE tables
+  Tensor d_x;                      // (N, C) gradient of the residual stream
+  BlockScratch block;              // backward scratch, shared by all blocks
   std::vector<float> host_losses;  // per-token losses of a device, copied to the host
 
   Impl(const config::ModelSection& m, const TensorSlice& tp, const ExpertSlice& ep)
       : net(m, tp, ep) {}
 
   const StageBlocks& chunk_of(std::size_t record) const { return chunks[record_chunk[record]]; }
+  /// Sequence parallelism: the buffers the embedding and the head share with the blocks.
+  RowBuffers row_buffers() const { return {gathered, partial, block.d_norm}; }
   bool holds_head() const { return chunks.back().head; }
 
   void take_all() {
@@ -146,7 +144,7 @@ struct DenseModel::Impl {
     layer = slot_layer[0];
     tokens = slot_tokens[0];
     targets = slot_targets[0];
-    if (holds_head()) head = net.head().take(acts, N, rows);
+    if (holds_head()) head = net.head().take(acts, N);
     if (net.mtp() && holds_head()) mtp = net.mtp()->take(acts, B, T, fused, recompute, shared);
 
     rope = Rope::take(work, T, net.block(first).head_dim());
@@ -201,18 +199,11 @@ struct DenseModel::Impl {
     if (slot_tokens[slot].data) tensor::copy(c.ctx, slot_tokens[slot].data, tok, bytes);
     if (slot_targets[slot].data) tensor::copy(c.ctx, slot_targets[slot].data, tgt, bytes);
     const Tensor& x0 = rec[static_cast<std::size_t>(stage.first)].x;
-    if (stage.embedding && rows != N) {
-      net.embedding().forward_rows(c, slot_tokens[slot], gathered, x0);  // this rank's rows
-    } else if (stage.embedding) {
-      net.embedding().forward(c, slot_tokens[slot], x0);
-    }
+    if (stage.embedding) net.embedding().forward(c, slot_tokens[slot], x0, row_buffers());
     net.forward_blocks(c, rope, B, T, rec, stage.first, stage.last,
                        stage.head ? head.x : slot_out[slot]);
     if (!stage.head) return;
-    if (rows != N)
-      net.head().forward_rows(c, head);  // its norm on this rank's rows, then gathered
-    else
-      net.head().forward(c, head.x, head.norm, head.logits);
+    net.head().forward(c, head);
     if (const MultiTokenPrediction* p = net.mtp()) {
       mtp_tokens_host.resize(static_cast<std::size_t>(N));
       mtp_targets_host.resize(static_cast<std::size_t>(N));
@@ -220,7 +211,7 @@ struct DenseModel::Impl {
                                          mtp_targets_host.data());
       tensor::copy(c.ctx, mtp.tokens.data, mtp_tokens_host.data(), bytes);
       tensor::copy(c.ctx, mtp.targets.data, mtp_targets_host.data(), bytes);
-      p->forward(c, net.embedding(), rope, B, T, rows != N ? head.rows : head.norm.out, mtp);
+      p->forward(c, net.embedding(), rope, B, T, net.head().normalised(head), mtp);
     }
   }
 
@@ -241,12 +232,8 @@ struct DenseModel::Impl {
     const std::vector<BlockActs>& rec = slot_layer[slot];
     const Tensor& tok = slot_tokens[slot];
     const Tensor dx_rows = row_range(d_x, 0, rows);  // the blocks' (this rank's rows)
-    // The embedding's backward reads every row's gradient: gathered under sequence
-    // parallelism.
     const auto embedding_backward = [&] {
-      if (!stage.embedding) return;
-      if (rows != N) c.tensor->all_gather(dx_rows, gathered);
-      net.embedding().backward(c, tok, rows != N ? gathered : d_x);
+      if (stage.embedding) net.embedding().backward(c, tok, dx_rows, row_buffers());
     };
     if (!stage.head) {
       // d_x holds d(loss)/d(the stage's output), put there by the caller.
@@ -259,14 +246,10 @@ struct DenseModel::Impl {
     // MTP module first: its parameters come after the head's, and it adds to the gradient
     // of the head's normalised output, which it reads.
     if (const MultiTokenPrediction* p = net.mtp())
-      p->backward(c, net.embedding(), rope, B, T, rows != N ? head.rows : head.norm.out, mtp, block,
+      p->backward(c, net.embedding(), rope, B, T, net.head().normalised(head), mtp, block,
                   mtp_scratch, d_x, ready);
     const Tensor d_main = net.mtp() ? mtp_scratch.d_main : Tensor{};
-    if (rows != N)
-      net.head().backward_rows(c, head, block.d_ln, row_range(gathered, 0, rows), block.d_norm,
-                               dx_rows, ready, d_main);
-    else
-      net.head().backward(c, head, block.d_ln, d_x, ready, d_main);
+    net.head().backward(c, head, block.d_ln, dx_rows, ready, d_main, row_buffers());
     net.backward_blocks(c, rope, B, T, rec, block, stage.first, stage.last, dx_rows, ready);
     embedding_backward();
     all_ready();
@@ -275,6 +258,15 @@ struct DenseModel::Impl {
   /// The loss sum of `losses` (N) over the targets that count (`tgt`: the host copy of
   /// their targets). On a device the N per-token losses come to the host first (a few KiB
   /// per micro-batch).
+  /// Record `slot`'s balance loss of each MoE block (MicroBatchResult::aux_losses).
+  std::vector<double> aux_losses(std::size_t slot) const {
+    std::vector<double> out;
+    each_moe(slot, [&](const Moe&, const BlockActs& a) {
+      out.push_back(a.moe.routing ? a.moe.routing->aux_loss : 0.0);
+    });
+    return out;
+  }
+
   double sum_losses(const Tensor& losses, const std::int32_t* tgt, std::int64_t* valid) {
     const float* l = losses.ptr<float>();
     if (tensor::device_of(c.ctx) != tensor::Device::host) {
@@ -295,8 +287,9 @@ struct DenseModel::Impl {
   }
 };
 
-DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-                       tensor::Arena::Mode mode, const ModelOptions& options)
+LanguageModel::LanguageModel(const config::ModelSection& m, std::int64_t batch,
+                             std::int64_t seq_len, tensor::Arena::Mode mode,
+                             const ModelOptions& options)
     : impl_(std::make_unique<Impl>(m, options.tp, options.ep)),
       params_(std::make_unique<ParamStore>(impl_->net.parameter_layout(options.chunks), mode,
                                            options.ctx, options.gradient_memory,
@@ -402,17 +395,17 @@ DenseModel::DenseModel(const config::ModelSection& m, std::int64_t batch, std::i
   }
 }
 
-DenseModel::~DenseModel() = default;
+LanguageModel::~LanguageModel() = default;
 
-DType DenseModel::storage() const {
+DType LanguageModel::storage() const {
   return impl_->c.storage;
 }
 
-bool DenseModel::fused_attention() const {
+bool LanguageModel::fused_attention() const {
   return impl_->fused;
 }
 
-void DenseModel::refresh_compute_params() {
+void LanguageModel::refresh_compute_params() {
   Impl& s = *impl_;
   if (s.master_outside) {
     s.round_compute(params_->params_flat(), 0);
@@ -426,14 +419,15 @@ void DenseModel::refresh_compute_params() {
   kernels::round_to_storage(s.c.ctx, all, s.c.storage);
 }
 
-void DenseModel::refresh_compute_params(const float* master, std::size_t first, std::size_t last) {
+void LanguageModel::refresh_compute_params(const float* master, std::size_t first,
+                                           std::size_t last) {
   Impl& s = *impl_;
   if (!s.master_outside)
     throw Error(
-        "model::DenseModel::refresh_compute_params: this model keeps its own master "
+        "model::LanguageModel::refresh_compute_params: this model keeps its own master "
         "parameters (constructed without master_outside, or for f32)");
   if (first > last || last > params_->buffer_elements())
-    throw Error("model::DenseModel::refresh_compute_params: elements [" + std::to_string(first) +
+    throw Error("model::LanguageModel::refresh_compute_params: elements [" + std::to_string(first) +
                 ", " + std::to_string(last) + ") are not within the " +
                 std::to_string(params_->buffer_elements()) + " of the parameter buffer");
   if (first == last) return;
@@ -444,7 +438,7 @@ void DenseModel::refresh_compute_params(const float* master, std::size_t first, 
   s.round_compute(part, first);
 }
 
-ModelMemory DenseModel::memory() const {
+ModelMemory LanguageModel::memory() const {
   ModelMemory mem;
   mem.parameters = params_->buffer_elements() * sizeof(float);
   mem.gradients = params_->buffer_elements() * sizeof(float);
@@ -459,52 +453,52 @@ ModelMemory DenseModel::memory() const {
   return mem;
 }
 
-double DenseModel::forward(const std::int32_t* tokens, const std::int32_t* targets,
-                           std::int64_t* valid_tokens) {
+MicroBatchResult LanguageModel::forward(const std::int32_t* tokens, const std::int32_t* targets) {
   if (params_->planning()) throw Error("model: forward() on a model built only to plan");
   const auto t0 = std::chrono::steady_clock::now();
   Impl& s = *impl_;
   s.forward_pass(tokens, targets);
-  s.last_slot = 0;
+  MicroBatchResult r;
   s.net.head().loss(s.c, s.head, s.targets);
   if (const MultiTokenPrediction* p = s.net.mtp()) {
     p->loss(s.c, s.mtp);
-    s.mtp_loss = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &s.mtp_valid);
+    r.mtp_loss_sum = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &r.mtp_tokens);
   }
-  const double loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
-  s.forward_s = seconds_since(t0);
-  s.backward_s = 0.0;
-  return loss;
+  r.loss_sum = s.sum_losses(s.head.losses, targets, &r.valid_tokens);  // waits for the device
+  r.aux_losses = s.aux_losses(0);
+  r.forward_seconds = seconds_since(t0);
+  return r;
 }
 
-double DenseModel::forward_backward(const std::int32_t* tokens, const std::int32_t* targets,
-                                    float grad_scale, std::int64_t* valid_tokens,
-                                    const std::function<void(std::size_t)>& on_ready) {
+MicroBatchResult LanguageModel::forward_backward(const std::int32_t* tokens,
+                                                 const std::int32_t* targets, float grad_scale,
+                                                 const std::function<void(std::size_t)>& on_ready) {
   if (params_->planning()) throw Error("model: forward_backward() on a model built only to plan");
   Impl& s = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(tokens, targets);
-  s.last_slot = 0;
+  MicroBatchResult r;
   s.net.head().loss_and_gradient(s.c, s.head, s.targets, grad_scale);
   if (const MultiTokenPrediction* p = s.net.mtp()) {
     p->loss_and_gradient(s.c, s.mtp, grad_scale * static_cast<float>(s.mtp_scale));
-    s.mtp_loss = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &s.mtp_valid);
+    r.mtp_loss_sum = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &r.mtp_tokens);
   }
   s.c.aux_grad_scale = grad_scale * static_cast<float>(s.T);
-  const double loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
+  r.loss_sum = s.sum_losses(s.head.losses, targets, &r.valid_tokens);  // waits for the device
   const auto t1 = std::chrono::steady_clock::now();
-  s.forward_s = std::chrono::duration<double>(t1 - t0).count();
+  r.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
   s.backward_pass(on_ready);
   tensor::synchronize(s.c.ctx);  // a device's backward has run, not only been enqueued
-  s.backward_s = seconds_since(t1);
-  return loss;
+  r.backward_seconds = seconds_since(t1);
+  r.aux_losses = s.aux_losses(0);
+  return r;
 }
 
-const std::vector<StageBlocks>& DenseModel::chunks() const {
+const std::vector<StageBlocks>& LanguageModel::chunks() const {
   return impl_->chunks;
 }
 
-std::size_t DenseModel::record(int chunk, std::int64_t micro) const {
+std::size_t LanguageModel::record(int chunk, std::int64_t micro) const {
   const Impl& s = *impl_;
   if (chunk < 0 || static_cast<std::size_t>(chunk) >= s.chunks.size() || micro < 0)
     throw Error("model: no chunk " + std::to_string(chunk) + " of " +
@@ -513,23 +507,23 @@ std::size_t DenseModel::record(int chunk, std::int64_t micro) const {
   return s.chunk_base[c] + static_cast<std::size_t>(micro % s.chunks[c].slots);
 }
 
-tensor::Tensor DenseModel::stage_input(std::size_t slot) const {
+tensor::Tensor LanguageModel::stage_input(std::size_t slot) const {
   const Impl& s = *impl_;
   return s.slot_layer.at(slot)[static_cast<std::size_t>(s.chunk_of(slot).first)].x;
 }
 
-tensor::Tensor DenseModel::stage_output(std::size_t slot) const {
+tensor::Tensor LanguageModel::stage_output(std::size_t slot) const {
   const Impl& s = *impl_;
   return s.chunk_of(slot).head ? s.head.x : s.slot_out.at(slot);
 }
 
-tensor::Tensor DenseModel::stage_gradient() const {
+tensor::Tensor LanguageModel::stage_gradient() const {
   return row_range(impl_->d_x, 0, impl_->rows);
 }
 
-double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
-                                 const std::int32_t* targets, float grad_scale, bool with_gradient,
-                                 std::int64_t* valid_tokens) {
+MicroBatchResult LanguageModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
+                                              const std::int32_t* targets, float grad_scale,
+                                              bool with_gradient) {
   if (params_->planning()) throw Error("model: stage_forward() on a model built only to plan");
   Impl& s = *impl_;
   if (slot >= s.slot_layer.size())
@@ -537,33 +531,30 @@ double DenseModel::stage_forward(std::size_t slot, const std::int32_t* tokens,
                 std::to_string(s.slot_layer.size()));
   const auto t0 = std::chrono::steady_clock::now();
   s.forward_pass(slot, tokens, targets);
-  s.last_slot = slot;
   s.slot_scale[slot] = with_gradient ? grad_scale : 0.0f;
-  double loss = 0.0;
-  if (valid_tokens) *valid_tokens = 0;
+  MicroBatchResult r;
   if (s.chunk_of(slot).head) {
     if (with_gradient)
       s.net.head().loss_and_gradient(s.c, s.head, s.slot_targets[slot], grad_scale);
     else
       s.net.head().loss(s.c, s.head, s.slot_targets[slot]);
-    loss = s.sum_losses(s.head.losses, targets, valid_tokens);  // waits for the device
-    // The MTP module's loss, as forward_backward()'s (last_mtp_loss()).
+    r.loss_sum = s.sum_losses(s.head.losses, targets, &r.valid_tokens);  // waits for the device
     if (const MultiTokenPrediction* p = s.net.mtp()) {
       if (with_gradient)
         p->loss_and_gradient(s.c, s.mtp, grad_scale * static_cast<float>(s.mtp_scale));
       else
         p->loss(s.c, s.mtp);
-      s.mtp_loss = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &s.mtp_valid);
+      r.mtp_loss_sum = s.sum_losses(s.mtp.head.losses, s.mtp_targets_host.data(), &r.mtp_tokens);
     }
   }
   tensor::synchronize(s.c.ctx);
-  s.forward_s = seconds_since(t0);
-  s.backward_s = 0.0;
-  return loss;
+  r.aux_losses = s.aux_losses(slot);
+  r.forward_seconds = seconds_since(t0);
+  return r;
 }
 
-void DenseModel::stage_backward(std::size_t slot,
-                                const std::function<void(std::size_t)>& on_ready) {
+double LanguageModel::stage_backward(std::size_t slot,
+                                     const std::function<void(std::size_t)>& on_ready) {
   if (params_->planning()) throw Error("model: stage_backward() on a model built only to plan");
   Impl& s = *impl_;
   if (slot >= s.slot_layer.size())
@@ -574,49 +565,26 @@ void DenseModel::stage_backward(std::size_t slot,
   s.c.aux_grad_scale = s.slot_scale[slot] * static_cast<float>(s.T);
   s.backward_pass(slot, on_ready);
   tensor::synchronize(s.c.ctx);
-  s.backward_s = seconds_since(t0);
-  s.forward_s = 0.0;
+  return seconds_since(t0);
 }
 
-double DenseModel::last_forward_seconds() const {
-  return impl_->forward_s;
-}
-double DenseModel::last_backward_seconds() const {
-  return impl_->backward_s;
-}
-
-tensor::Tensor DenseModel::logits() const {
+tensor::Tensor LanguageModel::logits() const {
   return impl_->head.logits;
 }
 
-std::int64_t DenseModel::moe_blocks() const {
+std::int64_t LanguageModel::moe_blocks() const {
   std::int64_t n = 0;
   impl_->each_moe([&](const Moe&, const BlockActs&) { ++n; });
   return n;
 }
 
-std::int64_t DenseModel::moe_experts() const {
+std::int64_t LanguageModel::moe_experts() const {
   std::int64_t e = 0;
   impl_->each_moe([&](const Moe& m, const BlockActs&) { e = m.experts(); });
   return e;
 }
 
-double DenseModel::last_aux_loss() const {
-  double sum = 0.0;
-  for (const double a : last_aux_losses())
-    sum += a;
-  return sum;
-}
-
-std::vector<double> DenseModel::last_aux_losses() const {
-  std::vector<double> out;
-  impl_->each_moe(impl_->last_slot, [&](const Moe&, const BlockActs& a) {
-    out.push_back(a.moe.routing ? a.moe.routing->aux_loss : 0.0);
-  });
-  return out;
-}
-
-std::vector<double> DenseModel::moe_loads() const {
+std::vector<double> LanguageModel::moe_loads() const {
   if (params_->planning()) throw Error("model: moe_loads() on a model built only to plan");
   const auto E = static_cast<std::size_t>(moe_experts());
   std::vector<double> out(static_cast<std::size_t>(moe_blocks()) * E, 0.0);
@@ -628,14 +596,14 @@ std::vector<double> DenseModel::moe_loads() const {
   return out;
 }
 
-void DenseModel::reset_moe_loads() {
+void LanguageModel::reset_moe_loads() {
   impl_->each_routing([&](std::size_t, MoeRouting& r) {
     std::fill(r.load.begin(), r.load.end(), 0.0);
     r.dropped = 0.0;
   });
 }
 
-void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) {
+void LanguageModel::update_moe_bias(const std::vector<double>& loads, double rate) {
   const std::int64_t E = moe_experts();
   if (static_cast<std::int64_t>(loads.size()) != moe_blocks() * E)
     throw Error("model: update_moe_bias needs " + std::to_string(moe_blocks() * E) +
@@ -653,7 +621,7 @@ void DenseModel::update_moe_bias(const std::vector<double>& loads, double rate) 
   if (!impl_->master_outside) refresh_compute_params();
 }
 
-void DenseModel::set_expert_parallel(ExpertParallel* ep) {
+void LanguageModel::set_expert_parallel(ExpertParallel* ep) {
   const ExpertSlice want = impl_->net.expert_slice();
   if (want.size > 1 && moe_blocks() > 0 &&
       (ep == nullptr || ep->size() != want.size || ep->rank() != want.rank))
@@ -662,7 +630,7 @@ void DenseModel::set_expert_parallel(ExpertParallel* ep) {
   impl_->c.experts = ep;
 }
 
-void DenseModel::set_tensor_parallel(TensorParallel* tp) {
+void LanguageModel::set_tensor_parallel(TensorParallel* tp) {
   const TensorSlice want = impl_->net.tensor_slice();
   if (want.size > 1 && (tp == nullptr || tp->size() != want.size || tp->rank() != want.rank))
     throw Error("model: built as tensor-parallel slice " + std::to_string(want.rank) + " of " +
@@ -674,19 +642,19 @@ void DenseModel::set_tensor_parallel(TensorParallel* tp) {
   impl_->c.tensor = tp;
 }
 
-void DenseModel::set_expert_nodes(std::vector<std::int32_t> expert_node) {
+void LanguageModel::set_expert_nodes(std::vector<std::int32_t> expert_node) {
   impl_->each_moe([&](const Moe& m, const BlockActs&) { m.check_expert_nodes(expert_node); });
   impl_->expert_node = std::move(expert_node);
   impl_->c.expert_node = impl_->expert_node.empty() ? nullptr : &impl_->expert_node;
 }
 
-double DenseModel::moe_dropped() const {
+double LanguageModel::moe_dropped() const {
   double out = 0.0;
   impl_->each_routing([&](std::size_t, const MoeRouting& r) { out += r.dropped; });
   return out;
 }
 
-std::vector<std::size_t> DenseModel::moe_bias_offsets() const {
+std::vector<std::size_t> LanguageModel::moe_bias_offsets() const {
   std::vector<std::size_t> out;
   impl_->each_moe([&](const Moe& m, const BlockActs&) {
     if (m.has_bias()) out.push_back(params_->spec(m.bias_index()).offset);
@@ -694,7 +662,7 @@ std::vector<std::size_t> DenseModel::moe_bias_offsets() const {
   return out;
 }
 
-std::vector<float> DenseModel::moe_bias() const {
+std::vector<float> LanguageModel::moe_bias() const {
   std::vector<float> out;
   impl_->each_moe([&](const Moe& m, const BlockActs&) {
     if (!m.has_bias()) {
@@ -709,25 +677,17 @@ std::vector<float> DenseModel::moe_bias() const {
   return out;
 }
 
-bool DenseModel::has_mtp() const {
+bool LanguageModel::has_mtp() const {
   return impl_->net.mtp() != nullptr;
 }
 
-double DenseModel::last_mtp_loss() const {
-  return impl_->mtp_loss;
-}
-
-std::int64_t DenseModel::last_mtp_tokens() const {
-  return impl_->mtp_valid;
-}
-
-void DenseModel::set_mtp_loss_scale(double ratio) {
+void LanguageModel::set_mtp_loss_scale(double ratio) {
   if (!(ratio >= 0.0) || !std::isfinite(ratio))
     throw Error("model: the MTP loss scale must be finite and >= 0, got " + std::to_string(ratio));
   impl_->mtp_scale = ratio;
 }
 
-tensor::Tensor DenseModel::mtp_logits() const {
+tensor::Tensor LanguageModel::mtp_logits() const {
   return impl_->mtp.head.logits;
 }
 

@@ -1,11 +1,15 @@
 #pragma once
-/// \file dense_model.hpp
-/// The DeepSeek-LLM dense decoder (Llama-style), with explicit forward and backward:
+/// \file language_model.hpp
+/// The language model a run trains, with explicit forward and backward: a DeepSeek
+/// decoder, dense (DeepSeek-LLM, Llama-style) or DeepSeek-V2/V3 (latent attention,
+/// DeepSeekMoE blocks, the multi-token prediction module):
 ///   embedding -> L x [x += attn(rmsnorm(x)); x += mlp(rmsnorm(x))] -> rmsnorm -> head
-/// attn: causal self-attention, rotary embeddings (rotate-half), MHA or GQA;
-/// mlp: SwiGLU, down(silu(gate(x)) * up(x)); loss: cross-entropy with an ignore index.
+/// attn: causal self-attention with rotary embeddings (MHA, GQA, or latent attention);
+/// mlp: SwiGLU, or DeepSeekMoE; loss: cross-entropy with an ignore index.
 /// The layers are those of model/transformer.hpp (one class per layer kind in
-/// model/layers/); this class owns the buffers of a training micro-batch and runs them.
+/// model/layers/); this class owns the buffers of a training micro-batch and runs them,
+/// whole or as a pipeline stage, on this rank's tensor and expert slices. Each call that
+/// runs a micro-batch returns its result (MicroBatchResult).
 ///
 /// Every buffer comes from the config, sized once: parameters and gradients in the
 /// ParamStore, activations kept for backward in one arena, backward scratch in another.
@@ -44,10 +48,39 @@ struct ModelMemory {
   std::uint64_t workspace = 0;  ///< backward scratch and RoPE tables
 };
 
+/// What the forward (and backward) of one micro-batch produced, returned by the call that
+/// ran it.
+struct MicroBatchResult {
+  /// The sum of the per-token losses over the targets that are not ignored, and their
+  /// count (0 and 0 on a pipeline stage without the head).
+  double loss_sum = 0.0;
+  std::int64_t valid_tokens = 0;
+  /// Multi-token prediction (model.mtp_depth 1): its loss sum over its valid targets
+  /// (tokens t+2) and their count; computed along with the main loss, not part of it.
+  double mtp_loss_sum = 0.0;
+  std::int64_t mtp_tokens = 0;
+  /// DeepSeekMoE: the sequence-wise balance loss of each MoE block run (this stage's, in
+  /// order; the MTP module's block last), summed over the micro-batch's sequences (each
+  /// sequence's alpha sum_i f_i P_i, layers/moe_router.hpp). forward_backward's gradients
+  /// include it with weight grad_scale x seq_len per sequence.
+  std::vector<double> aux_losses;
+  /// Wall time of the forward and the backward, in seconds (the phase timers).
+  double forward_seconds = 0.0;
+  double backward_seconds = 0.0;
+
+  /// The balance losses summed from 0 in order.
+  double aux_loss() const {
+    double sum = 0.0;
+    for (const double a : aux_losses)
+      sum += a;
+    return sum;
+  }
+};
+
 /// training.precision -> the storage type the model computes with (docs/precision.md).
 DType storage_type(config::Precision precision);
 
-/// How a DenseModel is built beyond its shape; the defaults are a one-rank f32 model on the
+/// How a LanguageModel is built beyond its shape; the defaults are a one-rank f32 model on the
 /// host holding every block.
 struct ModelOptions {
   /// The back end whose memory holds the parameters, gradients and activations.
@@ -89,15 +122,15 @@ struct ModelOptions {
   ExpertSlice ep;
 };
 
-class DenseModel {
+class LanguageModel {
  public:
   /// A model for micro-batches of `batch` sequences of `seq_len` tokens, laid out (plan)
   /// or allocated per `mode`, built as `options` says.
-  DenseModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
-             tensor::Arena::Mode mode, const ModelOptions& options = {});
-  ~DenseModel();
-  DenseModel(const DenseModel&) = delete;
-  DenseModel& operator=(const DenseModel&) = delete;
+  LanguageModel(const config::ModelSection& m, std::int64_t batch, std::int64_t seq_len,
+                tensor::Arena::Mode mode, const ModelOptions& options = {});
+  ~LanguageModel();
+  LanguageModel(const LanguageModel&) = delete;
+  LanguageModel& operator=(const LanguageModel&) = delete;
 
   ParamStore& params() { return *params_; }
   const ParamStore& params() const { return *params_; }
@@ -122,23 +155,23 @@ class DenseModel {
   std::int64_t batch() const { return B_; }
   std::int64_t seq_len() const { return T_; }
 
-  /// Loss over a micro-batch: tokens, targets (B, T) i32, host memory. Returns the sum of
-  /// per-token losses over non-ignored targets; `valid_tokens` (if given) their count.
-  /// Keeps activations and the logits (logits()) but computes no gradient.
-  double forward(const std::int32_t* tokens, const std::int32_t* targets,
-                 std::int64_t* valid_tokens = nullptr);
+  /// Loss over a micro-batch: tokens, targets (B, T) i32, host memory: its result (the
+  /// loss sum over non-ignored targets and their count, the MTP and balance losses, the
+  /// forward's time). Keeps activations and the logits (logits()) but computes no gradient.
+  MicroBatchResult forward(const std::int32_t* tokens, const std::int32_t* targets);
 
   /// Forward and backward: gradients of grad_scale * (sum of token losses) are
   /// *accumulated* into the gradient buffer (zero it with params().zero_grads() at the
   /// start of an optimizer step). The trainer passes grad_scale = 1 / (tokens in the
-  /// global batch), so gradients are those of the global mean loss. Returns the loss sum.
+  /// global batch), so gradients are those of the global mean loss. Returns the result, the
+  /// backward's time included.
   /// `on_ready(offset)`, if given, is called during backward each time the gradients of
   /// every parameter at flat-buffer offsets >= offset are final for this micro-batch
   /// (after the head, twice per block from the last block down, and 0 at the end): the
   /// trainer starts the all-reduce of finished buckets there and polls those in flight.
-  double forward_backward(const std::int32_t* tokens, const std::int32_t* targets, float grad_scale,
-                          std::int64_t* valid_tokens = nullptr,
-                          const std::function<void(std::size_t)>& on_ready = {});
+  MicroBatchResult forward_backward(const std::int32_t* tokens, const std::int32_t* targets,
+                                    float grad_scale,
+                                    const std::function<void(std::size_t)>& on_ready = {});
 
   // --- a pipeline stage (constructed with a StageBlocks; model/stage.hpp) ----------------
   // A record (`slot` below) is one chunk's activations of one micro-batch in flight:
@@ -165,19 +198,15 @@ class DenseModel {
   /// the head and the loss against `targets` (both (B, T) i32, host memory; each read only
   /// where the stage needs it), with the gradient of grad_scale x the loss sum in place
   /// when `with_gradient` (the last stage keeps one record: its backward follows at once).
-  /// Returns the loss sum (0 without the head) and `valid_tokens` its count; with the MTP
-  /// module, its loss is last_mtp_loss()'s (with its gradient likewise).
-  double stage_forward(std::size_t slot, const std::int32_t* tokens, const std::int32_t* targets,
-                       float grad_scale, bool with_gradient, std::int64_t* valid_tokens = nullptr);
+  /// Returns the stage's result: the loss sum and its count (0 without the head), the MTP
+  /// loss (with its gradient likewise), this stage's balance-loss terms and the time.
+  MicroBatchResult stage_forward(std::size_t slot, const std::int32_t* tokens,
+                                 const std::int32_t* targets, float grad_scale, bool with_gradient);
   /// The stage's backward of the micro-batch in record `slot` (after its stage_forward
   /// with the gradient): the head's on the last stage, else from stage_gradient(); the
   /// blocks; the embedding's on the first stage. Gradients accumulate; on_ready as
-  /// forward_backward's (over this stage's flat buffer).
-  void stage_backward(std::size_t slot, const std::function<void(std::size_t)>& on_ready = {});
-
-  /// Wall time of the last forward and backward passes, in seconds (the phase timers).
-  double last_forward_seconds() const;
-  double last_backward_seconds() const;
+  /// forward_backward's (over this stage's flat buffer). Returns its wall time in seconds.
+  double stage_backward(std::size_t slot, const std::function<void(std::size_t)>& on_ready = {});
 
   /// Logits (B*T, V) of the last forward() (overwritten by forward_backward's gradient).
   tensor::Tensor logits() const;
@@ -186,14 +215,6 @@ class DenseModel {
   /// MoE blocks and routed experts per block (0, 0 for a dense model).
   std::int64_t moe_blocks() const;
   std::int64_t moe_experts() const;
-  /// The sequence-wise balance loss of the last forward, summed over the MoE blocks and
-  /// the micro-batch's sequences (each sequence's alpha sum_i f_i P_i, layers/moe_router.hpp).
-  /// forward_backward's gradients include it with weight grad_scale x seq_len per sequence
-  /// (the mean over the global batch's sequences when no target is ignored).
-  double last_aux_loss() const;
-  /// Its terms, one per MoE block (this stage's, in order), of the last forward or
-  /// stage_forward (that record's): last_aux_loss() is their sum from 0 in this order.
-  std::vector<double> last_aux_losses() const;
   /// Tokens routed to each expert since the last reset_moe_loads(), (moe_blocks() x
   /// moe_experts()) block-major, summed over the activation records (a stage's slots).
   std::vector<double> moe_loads() const;
@@ -233,11 +254,6 @@ class DenseModel {
 
   // --- multi-token prediction (model.mtp_depth 1, layers/multi_token_prediction.hpp) ------
   bool has_mtp() const;
-  /// The MTP module's loss of the last forward: the sum of its per-token losses over its
-  /// valid targets (tokens t+2), and their count. forward() and forward_backward() compute
-  /// it along with the main loss, which they return (it is not part of that sum).
-  double last_mtp_loss() const;
-  std::int64_t last_mtp_tokens() const;
   /// The weight of each MTP token's loss in forward_backward's gradients, relative to a main
   /// token's: the gradients are those of grad_scale x (main loss sum + ratio x MTP loss
   /// sum). Starts at model.mtp_loss_weight; the trainer sets mtp_loss_weight x (main target

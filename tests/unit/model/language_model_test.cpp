@@ -13,13 +13,14 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
-#include "model/dense_model.hpp"
+#include "model/language_model.hpp"
 #include "model/layers/multi_token_prediction.hpp"
 #include "model/plan.hpp"
 
 namespace {
 
-using dst::model::DenseModel;
+using dst::model::LanguageModel;
+using dst::model::MicroBatchResult;
 using dst::tensor::Arena;
 
 /// A model's options storing parameters and activations as `storage`.
@@ -68,24 +69,24 @@ Batch make_batch(std::int64_t n, std::int32_t vocab, std::uint64_t seed) {
   return b;
 }
 
-TEST(DenseModel, PlanAndAllocationAgree) {
+TEST(LanguageModel, PlanAndAllocationAgree) {
   const auto m = small_gqa();
-  const DenseModel plan(m, 2, 5, Arena::Mode::plan);
-  DenseModel real(m, 2, 5, Arena::Mode::allocate);
+  const LanguageModel plan(m, 2, 5, Arena::Mode::plan);
+  LanguageModel real(m, 2, 5, Arena::Mode::allocate);
   const auto a = plan.memory();
   const auto b = real.memory();
   EXPECT_EQ(a.parameters, b.parameters);
   EXPECT_EQ(a.activations, b.activations);
   EXPECT_EQ(a.workspace, b.workspace);
   EXPECT_EQ(plan.params().parameter_count(), dst::model::count_parameters(m).total());
-  EXPECT_THROW(const_cast<DenseModel&>(plan).forward(nullptr, nullptr), dst::Error);
+  EXPECT_THROW(const_cast<LanguageModel&>(plan).forward(nullptr, nullptr), dst::Error);
 }
 
-TEST(DenseModel, ParameterLayoutMatchesClosedFormForEveryShape) {
+TEST(LanguageModel, ParameterLayoutMatchesClosedFormForEveryShape) {
   auto m = small_gqa();
   for (bool tied : {false, true}) {
     m.tie_embeddings = tied;
-    const DenseModel plan(m, 1, 1, Arena::Mode::plan);
+    const LanguageModel plan(m, 1, 1, Arena::Mode::plan);
     EXPECT_EQ(plan.params().parameter_count(), dst::model::count_parameters(m).total());
     // Every tensor starts on a 64-byte boundary.
     for (const auto& s : plan.params().specs())
@@ -93,10 +94,10 @@ TEST(DenseModel, ParameterLayoutMatchesClosedFormForEveryShape) {
   }
 }
 
-TEST(DenseModel, InitialisationIsAPureFunctionOfSeedNameAndIndex) {
+TEST(LanguageModel, InitialisationIsAPureFunctionOfSeedNameAndIndex) {
   const auto m = small_gqa();
-  DenseModel a(m, 1, 4, Arena::Mode::allocate);
-  DenseModel b(m, 1, 4, Arena::Mode::allocate);
+  LanguageModel a(m, 1, 4, Arena::Mode::allocate);
+  LanguageModel b(m, 1, 4, Arena::Mode::allocate);
   a.params().initialize(42);
   b.params().initialize(42);
   const auto bytes = a.params().buffer_elements() * sizeof(float);
@@ -112,7 +113,7 @@ TEST(DenseModel, InitialisationIsAPureFunctionOfSeedNameAndIndex) {
   EXPECT_NE(std::memcmp(a.params().params_data(), b.params().params_data(), bytes), 0);
 }
 
-TEST(DenseModel, InitialisationIsTheSameOnAnyNumberOfThreads) {
+TEST(LanguageModel, InitialisationIsTheSameOnAnyNumberOfThreads) {
   // Tensors long enough to be split (embedding 500 x 320 = 160000 values, three slices of
   // at least 2^16 on up to 3 threads), drawn on 1, 2, 3 and 7 threads: the same bits.
   auto m = small_gqa();
@@ -121,11 +122,11 @@ TEST(DenseModel, InitialisationIsTheSameOnAnyNumberOfThreads) {
   m.n_heads = 4;
   m.n_kv_heads = 2;
   m.ffn_dim = 640;
-  DenseModel one(m, 1, 4, Arena::Mode::allocate);
+  LanguageModel one(m, 1, 4, Arena::Mode::allocate);
   one.params().initialize(5, 1);
   const auto bytes = one.params().buffer_elements() * sizeof(float);
   for (const unsigned threads : {2u, 3u, 7u, 0u}) {
-    DenseModel many(m, 1, 4, Arena::Mode::allocate);
+    LanguageModel many(m, 1, 4, Arena::Mode::allocate);
     many.params().initialize(5, threads);
     EXPECT_EQ(std::memcmp(one.params().params_data(), many.params().params_data(), bytes), 0)
         << threads << " threads";
@@ -136,17 +137,19 @@ TEST(DenseModel, InitialisationIsTheSameOnAnyNumberOfThreads) {
             spec.std * dst::core::normal(5, dst::core::hash_name(spec.name), 159999));
 }
 
-TEST(DenseModel, BackwardIsBitwiseDeterministicAndAccumulates) {
+TEST(LanguageModel, BackwardIsBitwiseDeterministicAndAccumulates) {
   const auto m = small_gqa();
-  DenseModel model(m, 2, 5, Arena::Mode::allocate);
+  LanguageModel model(m, 2, 5, Arena::Mode::allocate);
   model.params().initialize(7);
   const Batch batch = make_batch(10, 11, 3);
   const auto n = model.params().buffer_elements();
   model.params().zero_grads();
-  const double l1 = model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+  const double l1 =
+      model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f).loss_sum;
   const std::vector<float> g1(model.params().grads_data(), model.params().grads_data() + n);
   model.params().zero_grads();
-  const double l2 = model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+  const double l2 =
+      model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f).loss_sum;
   EXPECT_EQ(l1, l2);
   EXPECT_EQ(std::memcmp(g1.data(), model.params().grads_data(), n * sizeof(float)), 0);
   // Without zeroing, a second micro-batch adds to the gradients. Not bit-exactly 2 g: a
@@ -158,16 +161,17 @@ TEST(DenseModel, BackwardIsBitwiseDeterministicAndAccumulates) {
         << i;
 }
 
-TEST(DenseModel, IgnoredTargetsContributeNothing) {
+TEST(LanguageModel, IgnoredTargetsContributeNothing) {
   const auto m = small_gqa();
-  DenseModel model(m, 1, 6, Arena::Mode::allocate);
+  LanguageModel model(m, 1, 6, Arena::Mode::allocate);
   model.params().initialize(1);
   Batch batch = make_batch(6, 11, 9);
   std::fill(batch.targets.begin(), batch.targets.end(), dst::model::kIgnoreIndex);
   model.params().zero_grads();
-  std::int64_t valid = -1;
-  EXPECT_EQ(model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f, &valid), 0.0);
-  EXPECT_EQ(valid, 0);
+  const MicroBatchResult r =
+      model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f);
+  EXPECT_EQ(r.loss_sum, 0.0);
+  EXPECT_EQ(r.valid_tokens, 0);
   for (std::size_t i = 0; i < model.params().buffer_elements(); ++i)
     ASSERT_EQ(model.params().grads_data()[i], 0.0f);
 }
@@ -223,22 +227,23 @@ int expect_sampled_gradients(dst::model::ParamStore& ps, const std::vector<float
 // difference quotient carries ~1e-5 of rounding noise; truncation is O(h^2 f''') ~1e-5;
 // 3e-4 absolute + 3% relative covers both with margin and still fails for any wrong
 // term (a missing factor or transpose is off by far more).
-TEST(DenseModel, GradientsMatchCentralDifferences) {
+TEST(LanguageModel, GradientsMatchCentralDifferences) {
   const auto m = small_gqa();
   const std::int64_t B = 2, T = 5;
-  DenseModel model(m, B, T, Arena::Mode::allocate);
+  LanguageModel model(m, B, T, Arena::Mode::allocate);
   auto& ps = model.params();
   ps.initialize(11);
   spread_parameters(ps);
   const Batch batch = make_batch(B * T, 11, 21);
-  std::int64_t valid = 0;
   ps.zero_grads();
-  model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f, &valid);
+  const std::int64_t valid =
+      model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f).valid_tokens;
   ASSERT_GT(valid, 0);
   // Gradients of the mean: forward_backward's grad_scale = 1 accumulates d(sum); divide.
   const std::vector<float> grads(ps.grads_data(), ps.grads_data() + ps.buffer_elements());
   auto mean_loss = [&] {
-    return model.forward(batch.tokens.data(), batch.targets.data()) / static_cast<double>(valid);
+    return model.forward(batch.tokens.data(), batch.targets.data()).loss_sum /
+           static_cast<double>(valid);
   };
   const int checked = expect_sampled_gradients(ps, grads, valid, 99, mean_loss);
   EXPECT_EQ(checked, static_cast<int>(4 * ps.size()));
@@ -249,21 +254,23 @@ TEST(DenseModel, GradientsMatchCentralDifferences) {
 // training.precision bf16 / fp16 on the host: the model computes with a rounded compute
 // copy of the parameters and rounds its activations (docs/precision.md).
 namespace {
-TEST(DenseModelPrecision, F32IsUnchangedAnd16BitStorageIsCloseButNotEqual) {
+TEST(LanguageModelPrecision, F32IsUnchangedAnd16BitStorageIsCloseButNotEqual) {
   const auto m = small_gqa();
   const Batch batch = make_batch(10, 11, 3);
-  DenseModel plain(m, 2, 5, Arena::Mode::allocate);
+  LanguageModel plain(m, 2, 5, Arena::Mode::allocate);
   plain.params().initialize(7);
   plain.params().zero_grads();
-  const double ref = plain.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+  const double ref =
+      plain.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f).loss_sum;
   const auto n = plain.params().buffer_elements();
   for (const dst::DType st : {dst::DType::f32, dst::DType::bf16, dst::DType::f16}) {
-    DenseModel model(m, 2, 5, Arena::Mode::allocate, stored_as(st));
+    LanguageModel model(m, 2, 5, Arena::Mode::allocate, stored_as(st));
     EXPECT_EQ(model.storage(), st);
     model.params().initialize(7);
     model.refresh_compute_params();
     model.params().zero_grads();
-    const double loss = model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+    const double loss =
+        model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f).loss_sum;
     const float* g = model.params().grads_data();
     const float* g0 = plain.params().grads_data();
     if (st == dst::DType::f32) {  // explicit f32 = the default, bit for bit
@@ -286,22 +293,22 @@ TEST(DenseModelPrecision, F32IsUnchangedAnd16BitStorageIsCloseButNotEqual) {
   }
 }
 
-TEST(DenseModelPrecision, ComputeCopyFollowsTheMasterOnlyWhenRefreshed) {
+TEST(LanguageModelPrecision, ComputeCopyFollowsTheMasterOnlyWhenRefreshed) {
   const auto m = small_gqa();
   const Batch batch = make_batch(10, 11, 3);
-  DenseModel a(m, 2, 5, Arena::Mode::allocate, stored_as(dst::DType::bf16));
-  DenseModel b(m, 2, 5, Arena::Mode::allocate, stored_as(dst::DType::bf16));
+  LanguageModel a(m, 2, 5, Arena::Mode::allocate, stored_as(dst::DType::bf16));
+  LanguageModel b(m, 2, 5, Arena::Mode::allocate, stored_as(dst::DType::bf16));
   a.params().initialize(7);
   a.refresh_compute_params();
   b.params().initialize(8);
   b.refresh_compute_params();
-  const double la = a.forward(batch.tokens.data(), batch.targets.data());
-  const double lb = b.forward(batch.tokens.data(), batch.targets.data());
+  const double la = a.forward(batch.tokens.data(), batch.targets.data()).loss_sum;
+  const double lb = b.forward(batch.tokens.data(), batch.targets.data()).loss_sum;
   ASSERT_NE(la, lb);
   a.params().initialize(8);  // the master changes; the compute copy does not yet
-  EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()), la);
+  EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()).loss_sum, la);
   a.refresh_compute_params();
-  EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()), lb);
+  EXPECT_EQ(a.forward(batch.tokens.data(), batch.targets.data()).loss_sum, lb);
 }
 }  // namespace
 
@@ -309,14 +316,14 @@ TEST(DenseModelPrecision, ComputeCopyFollowsTheMasterOnlyWhenRefreshed) {
 // in place, and a shard refreshed from its master gives the same forward and gradients
 // bit for bit as the model that keeps its own master.
 namespace {
-TEST(DenseModelPrecision, MasterOutsideComputesWithTheSameBits) {
+TEST(LanguageModelPrecision, MasterOutsideComputesWithTheSameBits) {
   const auto m = small_gqa();
   const Batch batch = make_batch(10, 11, 3);
   for (const dst::DType st : {dst::DType::bf16, dst::DType::f16}) {
     dst::model::ModelOptions o = stored_as(st);
-    DenseModel own(m, 2, 5, Arena::Mode::allocate, o);
+    LanguageModel own(m, 2, 5, Arena::Mode::allocate, o);
     o.master_outside = true;
-    DenseModel outside(m, 2, 5, Arena::Mode::allocate, o);
+    LanguageModel outside(m, 2, 5, Arena::Mode::allocate, o);
     own.params().initialize(7);
     own.refresh_compute_params();
     outside.params().initialize(7);
@@ -324,9 +331,10 @@ TEST(DenseModelPrecision, MasterOutsideComputesWithTheSameBits) {
     const std::vector<float> master(own.params().params_data(), own.params().params_data() + n);
     outside.refresh_compute_params();  // rounds the buffer in place
     EXPECT_NE(std::memcmp(outside.params().params_data(), master.data(), n * sizeof(float)), 0);
-    const auto loss_and_grads = [&](DenseModel& model) {
+    const auto loss_and_grads = [&](LanguageModel& model) {
       model.params().zero_grads();
-      const double loss = model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f);
+      const double loss =
+          model.forward_backward(batch.tokens.data(), batch.targets.data(), 0.5f).loss_sum;
       return std::make_pair(
           loss, std::vector<float>(model.params().grads_data(), model.params().grads_data() + n));
     };
@@ -374,7 +382,7 @@ TEST(MultiTokenPrediction, LayoutFollowsTheV3CheckpointAndThePlan) {
   auto m = small_mtp();
   for (bool tied : {false, true}) {
     m.tie_embeddings = tied;
-    const DenseModel plan(m, 2, 5, Arena::Mode::plan);
+    const LanguageModel plan(m, 2, 5, Arena::Mode::plan);
     EXPECT_EQ(plan.params().parameter_count(), dst::model::count_parameters(m).total());
     const auto& ps = plan.params();
     // After the head, V3's names for layer n_layers = 2; no second embedding or head.
@@ -409,14 +417,14 @@ TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
     auto m = small_mtp();
     m.tie_embeddings = tied;
     const std::int64_t B = 2, T = 5;
-    DenseModel model(m, B, T, Arena::Mode::allocate);
+    LanguageModel model(m, B, T, Arena::Mode::allocate);
     auto& ps = model.params();
     ps.initialize(13);
     spread_parameters(ps);
     const Batch batch = make_batch(B * T, 11, 23);
-    std::int64_t valid = 0;
-    model.forward(batch.tokens.data(), batch.targets.data(), &valid);
-    const std::int64_t mtp_valid = model.last_mtp_tokens();
+    const MicroBatchResult first = model.forward(batch.tokens.data(), batch.targets.data());
+    const std::int64_t valid = first.valid_tokens;
+    const std::int64_t mtp_valid = first.mtp_tokens;
     ASSERT_GT(valid, 0);
     ASSERT_GT(mtp_valid, 0);
     // make_batch ignores targets 1, 5, 9: the MTP targets are the main ones 1-4 of each
@@ -426,7 +434,7 @@ TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
     model.set_mtp_loss_scale(lambda * static_cast<double>(valid) / static_cast<double>(mtp_valid));
     ps.zero_grads();
     std::vector<std::size_t> ready;
-    model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f, nullptr,
+    model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f,
                            [&](std::size_t o) { ready.push_back(o); });
     ASSERT_FALSE(ready.empty());
     for (std::size_t i = 1; i < ready.size(); ++i)
@@ -434,9 +442,9 @@ TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
     EXPECT_EQ(ready.back(), 0u);
     const std::vector<float> grads(ps.grads_data(), ps.grads_data() + ps.buffer_elements());
     auto objective = [&] {
-      const double main = model.forward(batch.tokens.data(), batch.targets.data());
-      return main / static_cast<double>(valid) +
-             lambda * model.last_mtp_loss() / static_cast<double>(mtp_valid);
+      const MicroBatchResult r = model.forward(batch.tokens.data(), batch.targets.data());
+      return r.loss_sum / static_cast<double>(valid) +
+             lambda * r.mtp_loss_sum / static_cast<double>(mtp_valid);
     };
     expect_sampled_gradients(ps, grads, valid, 98, objective);
     // Without the module's loss (lambda 0) the main model's gradients are the plain
@@ -446,7 +454,7 @@ TEST(MultiTokenPrediction, GradientsMatchCentralDifferences) {
     model.forward_backward(batch.tokens.data(), batch.targets.data(), 1.0f);
     auto plain = m;
     plain.mtp_depth = 0;
-    DenseModel base(plain, B, T, Arena::Mode::allocate);
+    LanguageModel base(plain, B, T, Arena::Mode::allocate);
     std::memcpy(base.params().params_data(), ps.params_data(),
                 base.params().buffer_elements() * sizeof(float));
     base.params().zero_grads();
