@@ -274,6 +274,9 @@ struct CheckpointSection {
 struct LoggingSection {
   std::int64_t every_steps = 10;
   std::string metrics_file = "metrics.jsonl";
+  /// The per-rank peak the MFU is reported against, in GFLOP/s; 0 = measured at start-up
+  /// (CPUs: three 2048^3 products on rank 0) or the GPU's rated peak.
+  double peak_gflops = 0.0;
 };
 
 struct EvalSection {

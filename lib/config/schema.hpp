@@ -541,6 +541,12 @@ void visit_logging(V& v, S&... s) {
           s.every_steps...);
   v.field("logging.metrics_file", Spec("JSON Lines metrics file, relative to run.output_dir."),
           s.metrics_file...);
+  v.field("logging.peak_gflops",
+          Spec("Per-rank peak in GFLOP/s the MFU is reported against (a node's rated peak "
+               "divided by its ranks); 0 = measured at start-up on CPUs (three 2048^3 "
+               "products on rank 0, about a second), the rated peak of a known GPU.")
+              .at_least(0),
+          s.peak_gflops...);
 }
 
 template <class V, class... S>

@@ -166,9 +166,10 @@ TrainingRun::TrainingRun(runtime::Runtime& rt, const config::RunConfig& config,
                                                 : max_steps;
   trainer.read_ahead(std::max<std::int64_t>(0, last_step_ - first_step_));
 
-  peak_gflops_ = on_gpu_ ? gpu_peak_gflops(rt.device().name, config.training.precision)
-                 : root_ ? measure_cpu_peak_gflops()
-                         : 0.0;
+  peak_gflops_ = config.logging.peak_gflops > 0 ? config.logging.peak_gflops
+                 : on_gpu_ ? gpu_peak_gflops(rt.device().name, config.training.precision)
+                 : root_   ? measure_cpu_peak_gflops()
+                           : 0.0;
   groups.world->broadcast(&peak_gflops_, 1, DType::f64, 0);
   metrics_ = std::make_unique<MetricsLog>((dir / config.logging.metrics_file).string(), root_);
   metrics_->header(deck_yaml_, rt.size(), peak_gflops_);

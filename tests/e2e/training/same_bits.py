@@ -84,7 +84,8 @@ def main():
     # BASE NEW DECK GENERATOR WORK ...: training_e2e.setup() parses the rest as NEW's run
     # (the work folder emptied, the synthetic corpus written), BASE runs the same.
     base, *args = sys.argv[1:]
-    new_setup = setup(SEQ, [sys.argv[0], *args])
+    # Both binaries measure their peak (BASE may predate logging.peak_gflops).
+    new_setup = dataclasses.replace(setup(SEQ, [sys.argv[0], *args]), peak_gflops=None)
     setups = {"base": dataclasses.replace(new_setup, dstrain=base), "new": new_setup}
     only = None
     if new_setup.extra[:1] == ["--only"]:

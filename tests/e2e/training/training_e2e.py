@@ -20,6 +20,8 @@ DEADLINE_S = 90
 # A run still going this long after its start has outlived its deadlines: it is killed and
 # named.
 KILL_AFTER_S = 240
+# The per-rank peak every run states (logging.peak_gflops), whose metrics header must say it.
+PEAK_GFLOPS = 100.0
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Setup:
     launch: list  # mpiexec, its process-count flag; the count follows, then preflags
     preflags: list
     extra: list = field(default_factory=list)  # arguments after the work folder
+    # logging.peak_gflops of every run; None: not set (a binary that predates the key)
+    peak_gflops: float = PEAK_GFLOPS
 
     def mpiexec(self, ranks):
         """The launcher's words for `ranks` processes, oversubscribed."""
@@ -41,7 +45,10 @@ class Setup:
         corpus: samples of `seq` tokens, micro-batch `micro`, `global_batch` sequences a
         step, `steps` steps (2 of warm-up), a metrics line every step, no evaluation but
         the final one, checkpoints every `checkpoint_every` steps (0: the final one), then
-        the `sets` ("key=value"). Returns (the run folder, the completed process, seconds)."""
+        the `sets` ("key=value"). The MFU is reported against a stated peak
+        (peak_gflops): no start-up measurement, about a second of rank 0's time a launch
+        (the demo and the command-line tests measure it). Returns (the run folder, the
+        completed process, seconds)."""
         out = os.path.join(self.work, name)
         cmd = [*self.mpiexec(ranks), self.dstrain, "train", self.deck,
                "--set", f"data.train={self.data}/train.txt",
@@ -53,6 +60,8 @@ class Setup:
                "--set", "logging.every_steps=1", "--set", "eval.every_steps=0",
                "--set", "eval.batches=1", "--set", f"checkpoint.every_steps={checkpoint_every}",
                "--set", f"run.output_dir={out}", "--set", f"parallel.timeout_s={DEADLINE_S}"]
+        if self.peak_gflops is not None:
+            cmd += ["--set", f"logging.peak_gflops={self.peak_gflops}"]
         for s in sets:
             cmd += ["--set", s]
         print(f"{name}: {ranks} rank(s) ...", flush=True)
@@ -80,6 +89,11 @@ class Setup:
             print(r.stdout + r.stderr)
             raise SystemExit(f"FAILED: {name}: the log does not say '{layout}'")
         records, params = read_run(out)
+        header = records[0] if records and records[0].get("type") == "header" else {}
+        if self.peak_gflops is not None and header.get("peak_gflops_per_rank") != self.peak_gflops:
+            raise SystemExit(f"FAILED: {name}: metrics header's peak_gflops_per_rank is "
+                             f"{header.get('peak_gflops_per_rank')}, not logging.peak_gflops "
+                             f"{self.peak_gflops}")
         return out, [x for x in records if x.get("type") == "step"], params
 
 

@@ -953,6 +953,7 @@ const std::vector<std::string> kEveryKeyChanged = {
     "checkpoint.resume=/ckpt/step-100",
     "logging.every_steps=1",
     "logging.metrics_file=m.jsonl",
+    "logging.peak_gflops=250",
     "eval.every_steps=0",
     "eval.batches=2",
     "debug.deterministic=false",
