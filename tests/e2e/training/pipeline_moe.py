@@ -2,7 +2,7 @@
 """Pipeline stages holding DeepSeekMoE blocks (parallel.pipeline with model.preset
 tiny-moe: latent attention, block 0 dense, blocks 1-3 MoE with a sigmoid router, its
 correction bias and the sequence-wise balance loss) end to end, the same global batch
-(micro-batch 2 x 4 micro-batches = 8 sequences) in every layout, 10 steps, a bias update
+(micro-batch 2 x 4 micro-batches = 8 sequences) in every layout, 6 steps, a bias update
 rate fast enough to move the choices (0.01):
 
   PP=2, PP=4 (stage 0 holds the dense block only),
@@ -14,17 +14,18 @@ rate fast enough to move the choices (0.01):
                                            every tensor of final-params.h5
   PP=2 with model.moe.capacity_factor 0.5 vs PP=1 with it: the same, and the dropped rows
   DP=2 x PP=2 on 4 ranks, and interleaved  vs DP=2 on 2 ranks: the same, bit for bit
-  DP=2 x PP=2 with parallel.zero_stage 1   vs DP=2 x PP=2: the same
   DP=2 x expert 2 x PP=2 on 4 ranks,       vs DP=2 x expert 2 on 2 ranks: within 1e-9
   and x PP=4 on 8 (stage 0 without MoE)
   (each rank storing its own experts,      (losses, norms), 1e-6 (parameters): see below
   parallel.backend auto resolving to mpi)
-  the same with ZeRO 1                     vs ZeRO 0: bit-identical
-  its checkpoint resumed on 1 rank         its own steps 6-10 within 1e-5
+  the same with ZeRO 1 (the replicated     vs ZeRO 0: bit-identical
+  tensors over the data group, the own
+  experts over the expert-data group)
+  its checkpoint resumed on 1 rank         its own steps 4-6 within 1e-5
   a NaN in an own expert's gradient        exit 6 naming the rank, its stage, the tensor
-  the PP=2 checkpoint at step 5            == PP=1's, tensor by tensor, bit for bit
-  it resumes on PP=1                       == PP=1's steps 6-10 bit for bit
-(the validation losses of steps 5 and 10, through the stages' forward, alike).
+  the PP=2 checkpoint at step 3            == PP=1's, tensor by tensor, bit for bit
+  it resumes on PP=1                       == PP=1's steps 4-6 bit for bit
+(the validation losses of steps 3 and 6, through the stages' forward, alike).
 
 Why bit-identical: a stage runs exactly the layers of a one-stage run on the same
 micro-batches (1F1B keeps a micro-batch per activation record, each with its own MoE
@@ -47,8 +48,8 @@ import numpy as np
 
 from training_e2e import read_run, setup
 
-STEPS = 10
-SEQ, MICRO, GLOBAL = 64, 2, 8
+STEPS, EVERY = 6, 3  # the checkpoint of step EVERY is resumed
+SEQ, MICRO, GLOBAL = 32, 2, 8
 
 
 def main():
@@ -58,10 +59,10 @@ def main():
     def run(name, ranks, sets, layout):
         out, r, _ = st.train(name, ranks,
                              ["model.preset=tiny-moe", "model.moe.bias_update_rate=0.01",
-                              "model.moe.seq_aux_loss_alpha=0.01", "eval.every_steps=5",
+                              "model.moe.seq_aux_loss_alpha=0.01", f"eval.every_steps={EVERY}",
                               *sets],
                              seq=SEQ, micro=MICRO, global_batch=GLOBAL, steps=STEPS,
-                             checkpoint_every=5)
+                             checkpoint_every=EVERY)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             raise SystemExit(f"FAILED: {name} exited {r.returncode}")
@@ -140,11 +141,9 @@ def main():
     _, *dp2 = run("dp2", 2, [], lay.format(2, 1))
     _, *dp2pp2 = run("dp2pp2", 4, ["parallel.pipeline=2"], lay.format(2, 2))
     same_bits("DP=2 x PP=2 vs DP=2", dp2pp2, dp2)
-    # ZeRO 1 shards each stage's buffers over its data ranks; the biases move after the
-    # parameters are gathered back.
-    _, *zero1 = run("dp2pp2-zero1", 4, ["parallel.pipeline=2", "parallel.zero_stage=1"],
-                    lay.format(2, 2))
-    same_bits("DP=2 x PP=2 ZeRO 1 vs DP=2 x PP=2", zero1, dp2pp2)
+    # ZeRO 1 shards each stage's buffers over its data ranks, the biases moving after the
+    # parameters are gathered back: DP=2 x expert 2 x PP=2 ZeRO 1 below (its replicated
+    # tensors, the routers and biases among them, sharded over the data group as here).
     _, *dpv2 = run("dp2pp2v2", 4, inter, lay.format(2, 2))
     same_bits("DP=2 x PP=2 interleaved vs DP=2", dpv2, dp2)
     # parallel.backend auto: MPI, with stages or without (each rank stores its own experts,
@@ -187,16 +186,16 @@ def main():
                       eplay(2, 2))
     same_bits("DP=2 x expert 2 x PP=2 ZeRO 1 vs ZeRO 0", ep2pp2z, ep2pp2)
     # Its checkpoint holds every expert whole (each written by its holder): it resumes on
-    # PP=1 with every expert on every rank, steps 6-10 as the run's own.
+    # PP=1 with every expert on every rank, steps 4-6 as the run's own.
     _, *epr = run("resume-ep2pp2-pp1", 1,
-                  [f"checkpoint.resume={os.path.join(ep2pp2_out, 'checkpoints/step-5.h5')}"],
+                  [f"checkpoint.resume={os.path.join(ep2pp2_out, f'checkpoints/step-{EVERY}.h5')}"],
                   lay.format(1, 1))
-    worst = max(abs(g[1] - w[1]) / abs(w[1]) for g, w in zip(epr[0], ep2pp2[0][5:]))
-    if len(epr[0]) != 5 or worst > 1e-5:
+    worst = max(abs(g[1] - w[1]) / abs(w[1]) for g, w in zip(epr[0], ep2pp2[0][EVERY:]))
+    if len(epr[0]) != STEPS - EVERY or worst > 1e-5:
         problems.append(f"the DP=2 x expert 2 x PP=2 checkpoint resumed on 1 rank: "
                         f"{len(epr[0])} steps, losses within {worst:.2e} of its own (1e-5)")
     else:
-        print(f"DP=2 x expert 2 x PP=2 checkpoint resumed on 1 rank: steps 6-10 within "
+        print(f"DP=2 x expert 2 x PP=2 checkpoint resumed on 1 rank: steps 4-6 within "
               f"{worst:.2e} of its own")
 
     # A NaN in an own expert's gradient on stage 1 (rank 3 holds experts 4-7 of block 3):
@@ -214,7 +213,7 @@ def main():
         print("nan in an own expert on stage 1: named with its rank, stage and tensor")
 
     # The checkpoints hold the whole model whatever the layout: PP=2's == PP=1's.
-    ck = "checkpoints/step-5.h5"
+    ck = f"checkpoints/step-{EVERY}.h5"
 
     def datasets(f):
         names = []
@@ -227,14 +226,14 @@ def main():
         names, bnames = datasets(a), datasets(b)
         differing = [n for n in names if n not in b or not np.array_equal(a[n][()], b[n][()])]
         if sorted(names) != sorted(bnames) or differing or not names:
-            problems.append(f"checkpoint step 5: PP=2's {len(bnames)} tensors vs PP=1's "
+            problems.append(f"checkpoint step {EVERY}: PP=2's {len(bnames)} tensors vs PP=1's "
                             f"{len(names)}, {len(differing)} differ")
         else:
-            print(f"checkpoint step 5: PP=2 == PP=1 ({len(names)} tensors, bit for bit)")
+            print(f"checkpoint step {EVERY}: PP=2 == PP=1 ({len(names)} tensors, bit for bit)")
 
     resume = f"checkpoint.resume={os.path.join(pp2_out, ck)}"
     _, *r1 = run("resume-pp1", 1, [resume], lay.format(1, 1))
-    same_bits("PP=2 checkpoint resumed on PP=1 vs PP=1", r1, pp1, first_step=6)
+    same_bits("PP=2 checkpoint resumed on PP=1 vs PP=1", r1, pp1, first_step=EVERY + 1)
 
     print("losses PP=1: " + " ".join(f"{s[1]:.6f}" for s in pp1[0]))
     print("aux losses PP=1: " + " ".join(f"{s[3]:.4e}" for s in pp1[0]))
