@@ -255,9 +255,6 @@ struct LanguageModel::Impl {
     all_ready();
   }
 
-  /// The loss sum of `losses` (N) over the targets that count (`tgt`: the host copy of
-  /// their targets). On a device the N per-token losses come to the host first (a few KiB
-  /// per micro-batch).
   /// Record `slot`'s balance loss of each MoE block (MicroBatchResult::aux_losses).
   std::vector<double> aux_losses(std::size_t slot) const {
     std::vector<double> out;
@@ -267,6 +264,9 @@ struct LanguageModel::Impl {
     return out;
   }
 
+  /// The loss sum of `losses` (N) over the targets that count (`tgt`: the host copy of
+  /// their targets). On a device the N per-token losses come to the host first (a few KiB
+  /// per micro-batch).
   double sum_losses(const Tensor& losses, const std::int32_t* tgt, std::int64_t* valid) {
     const float* l = losses.ptr<float>();
     if (tensor::device_of(c.ctx) != tensor::Device::host) {

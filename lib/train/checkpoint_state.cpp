@@ -50,7 +50,7 @@ std::vector<ckpt::TensorRef> CheckpointState::own_tensors(const GradSync::State&
   out.reserve(3 * store_.size());
   const float* const bases[3] = {state.params, state.m, state.v};
   for (std::size_t part = 0; part < 3; ++part)
-    for (std::size_t i = 0; i < store_.size(); ++i) {
+    for (std::size_t i = 0; bases[part] != nullptr && i < store_.size(); ++i) {
       const model::ParamSpec& spec = store_.spec(i);
       out.push_back({kPrefixes[part] + spec.name, dims_of(spec.shape), bases[part] + spec.offset});
     }
@@ -89,7 +89,8 @@ int CheckpointState::expert_owner(const std::string& name) const {
 
 CheckpointStream CheckpointState::stream(const bool params_only) const {
   // This rank's own tensors (sharded moments gathered whole, a device's copied down).
-  auto own = std::make_shared<const std::vector<ckpt::TensorRef>>(own_tensors(sync_.saved()));
+  auto own =
+      std::make_shared<const std::vector<ckpt::TensorRef>>(own_tensors(sync_.saved(params_only)));
   const auto is_param = [](const std::string& name) { return name.rfind("params/", 0) == 0; };
   CheckpointStream out;
   if (!whole_.layout()) {

@@ -47,6 +47,17 @@ void release_pages(float* p, std::size_t n, bool zero_ends) {
 }
 }  // namespace
 
+std::vector<GradBuckets::Range> GradBuckets::layout(std::size_t elements, double bucket_bytes) {
+  const std::size_t per = per_bucket(bucket_bytes);
+  std::vector<Range> out;
+  for (std::size_t end = elements; end > 0;) {
+    const std::size_t begin = end > per ? end - per : 0;
+    out.push_back({begin, end});
+    end = begin;
+  }
+  return out;
+}
+
 std::size_t GradBuckets::bucket_count_for(std::size_t elements, double bucket_bytes) {
   const std::size_t per = per_bucket(bucket_bytes);
   return (elements + per - 1) / per;
@@ -98,12 +109,9 @@ void GradBuckets::setup(std::size_t elements, double bucket_bytes, bool stage_th
   flag_ = static_cast<std::uint64_t*>(tensor::allocate(
       tensor::device_of(scan_ctx_), sizeof(std::uint64_t), scan_ctx_.stream, "gradient scan flag"));
   reset();
-  const std::size_t per = per_bucket(bucket_bytes);
-  for (std::size_t end = elements; end > 0;) {
-    const std::size_t begin = end > per ? end - per : 0;
-    begins_.push_back(begin);
-    ends_.push_back(end);
-    end = begin;
+  for (const Range& r : layout(elements, bucket_bytes)) {
+    begins_.push_back(r.begin);
+    ends_.push_back(r.end);
   }
   requests_.resize(begins_.size());
   done_.assign(begins_.size(), false);

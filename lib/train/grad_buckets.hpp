@@ -85,6 +85,14 @@ class GradBuckets {
   std::size_t bucket_end(std::size_t i) const { return ends_.at(i); }
 
   std::size_t bucket_count() const { return begins_.size(); }
+  /// The elements [begin, end) of one bucket.
+  struct Range {
+    std::size_t begin = 0, end = 0;
+  };
+  /// The buckets of a buffer of `elements` f32 at `bucket_bytes` each, as every
+  /// GradBuckets lays them out: from the buffer's end (the backward finishes it first),
+  /// bucket 0 the last range, the first range the remainder.
+  static std::vector<Range> layout(std::size_t elements, double bucket_bytes);
   /// How many buckets a buffer of `elements` f32 makes at `bucket_bytes` each.
   static std::size_t bucket_count_for(std::size_t elements, double bucket_bytes);
   /// True when a progress thread polls the buckets in flight (overlap on a communicator

@@ -22,10 +22,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double bucket_bytes(const config::RunConfig& cfg) {
-  return cfg.parallel.bucket_mb * 1024.0 * 1024.0;
-}
-
 /// Names a start-up step for the watchdog (none without one).
 std::unique_ptr<runtime::StartupStep> startup_step(const GradSync::Setup& setup, const char* what,
                                                    double timeout_s) {
@@ -318,6 +314,14 @@ OwnExperts locate_own_experts(const model::ParamStore& store) {
   return own;
 }
 
+bool holds_own_experts(const model::ParamStore& store) {
+  return store.size() > 0 && store.spec(store.size() - 1).ep_size > 1;
+}
+
+double GradSync::bucket_bytes(const config::RunConfig& cfg) {
+  return cfg.parallel.bucket_mb * 1024.0 * 1024.0;
+}
+
 GradSync::Shards GradSync::zero_shards(const model::ParamStore& store, const OwnExperts& own,
                                        int data_ranks, int expert_data_ranks, bool shared) {
   const std::size_t n = store.buffer_elements();
@@ -465,7 +469,25 @@ void GradSync::gather_shards(float* whole, const float* mine, const float* mine_
       .wait();
 }
 
-GradSync::State GradSync::saved() {
+GradSync::State GradSync::saved(const bool params_only) {
+  if (params_only) {
+    State s{store_->params_data(), nullptr, nullptr};
+    const std::size_t n = store_->buffer_elements();
+    if (sharded() && master_shard_) {
+      // The parameters' fp32 values are the master's shards (the model's buffer holds the
+      // rounded copy).
+      const AdamWState st = optimizer_->state();
+      const AdamWState ex = expert_optimizer_ ? expert_optimizer_->state() : AdamWState{};
+      host_params_.resize(n);
+      gather_shards(host_params_.data(), st.master, ex.master);
+      s.params = host_params_.data();
+    } else if (!sharded() && tensor::device_of(ctx_) != tensor::Device::host) {
+      host_params_.resize(n);
+      tensor::copy(ctx_, host_params_.data(), s.params, n * sizeof(float));
+      s.params = host_params_.data();
+    }
+    return s;
+  }
   gather_parts();
   State s{store_->params_data(), optimizer_->state().m, optimizer_->state().v};
   const std::size_t n = store_->buffer_elements();

@@ -50,6 +50,8 @@ struct OwnExperts {
 /// The own experts of `store`: the tensors with ep_size > 1. Throws dst::Error when they
 /// are not the last tensors of the store, or when there are none.
 OwnExperts locate_own_experts(const model::ParamStore& store);
+/// True when `store` ends in own experts (a tensor with ep_size > 1 last).
+bool holds_own_experts(const model::ParamStore& store);
 
 class GradSync {
  public:
@@ -80,6 +82,9 @@ class GradSync {
   };
   static Shards zero_shards(const model::ParamStore& store, const OwnExperts& own, int data_ranks,
                             int expert_data_ranks, bool shared);
+  /// The bytes of a gradient bucket (parallel.bucket_mb); GradBuckets::layout cuts the
+  /// buffers with it.
+  static double bucket_bytes(const config::RunConfig& cfg);
   /// The strategy `setup` calls for, with its memory made (collective over the data
   /// group). Throws dst::Error for a combination not built (ZeRO on a device or over
   /// NCCL; own experts over shm or NCCL). With one data rank ZeRO does nothing (a warning
@@ -141,14 +146,16 @@ class GradSync {
   /// This rank's whole flat buffers of state (tensor i of the store at spec(i).offset of
   /// each), for a checkpoint. saved(): the state as it is (collective over the data group
   /// where it is sharded or shared: the other ranks' parts gathered; a device's copied
-  /// down), valid until the next step. to_restore(): buffers to read a checkpoint into,
+  /// down), valid until the next step; `params_only` (final-params.h5): the parameters
+  /// alone, m and v null (every rank of the group alike). to_restore(): buffers to read a
+  /// checkpoint into,
   /// which restored() then makes the state (each rank's parts kept; copied up to a device).
   struct State {
     float* params = nullptr;
     float* m = nullptr;
     float* v = nullptr;
   };
-  State saved();
+  State saved(bool params_only = false);
   State to_restore();
   void restored(std::int64_t optimizer_steps);
   /// Steps the optimizer has applied.

@@ -37,7 +37,7 @@ class MoeBalancer {
   /// micro-batch forget the previous step's).
   void begin_step(std::int64_t micro_batches);
   /// Pipeline stages: chunk `chunk`'s forward of micro-batch `micro` had these balance-loss
-  /// terms, one per MoE block of the chunk (the model's last_aux_losses()).
+  /// terms, one per MoE block of the chunk (MicroBatchResult::aux_losses).
   void keep_terms(std::int64_t micro, int chunk, const std::vector<double>& terms);
 
   /// A step's loads summed over the data group.

@@ -9,6 +9,7 @@
 #include "model/language_model.hpp"
 #include "model/layers/moe_router.hpp"
 #include "model/stage.hpp"
+#include "train/grad_buckets.hpp"
 #include "train/grad_sync.hpp"
 
 namespace dst::train {
@@ -27,9 +28,9 @@ using model::TensorSlice;
 
 std::uint64_t largest_shard_bytes(const model::ParamStore& store, int data_ranks,
                                   int expert_data_ranks, bool by_parts) {
-  const bool own = store.size() > 0 && store.spec(store.size() - 1).ep_size > 1;
-  const OwnExperts experts =
-      own ? locate_own_experts(store) : OwnExperts{store.size(), store.buffer_elements()};
+  const OwnExperts experts = holds_own_experts(store)
+                                 ? locate_own_experts(store)
+                                 : OwnExperts{store.size(), store.buffer_elements()};
   const GradSync::Shards shards =
       GradSync::zero_shards(store, experts, data_ranks, expert_data_ranks, by_parts);
   const auto largest = [](const ZeroShards& s) {
@@ -130,8 +131,9 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   // moe_dispatch.hpp), bytes of fp32.
   const auto own_experts_of = [](const LanguageModel& d) -> std::uint64_t {
     const ParamStore& store = d.params();
-    const bool own = store.size() > 0 && store.spec(store.size() - 1).ep_size > 1;
-    return own ? (store.buffer_elements() - locate_own_experts(store).offset) * sizeof(float) : 0;
+    return holds_own_experts(store)
+               ? (store.buffer_elements() - locate_own_experts(store).offset) * sizeof(float)
+               : 0;
   };
   std::uint64_t own_experts = own_experts_of(model);
   const std::uint64_t expert_data =
@@ -143,7 +145,6 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
   };
   std::uint64_t largest_shard = largest_shard_of(model);
   const bool low_precision = c.training.precision != config::Precision::fp32;
-  const auto bucket = static_cast<std::uint64_t>(c.parallel.bucket_mb * 1024 * 1024);
   // The MoE blocks a rank holds: the whole model's (its MTP module's included), or a
   // pipeline stage's.
   const std::int64_t model_moe_blocks =
@@ -166,8 +167,20 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     // resident, up to the whole buffer: measured on 4 ranks sharing 2 cores, 0.89-1.17 of
     // this (docs/performance.md). Accumulating micro-batches needs every parameter's local
     // gradient until the last one: the whole buffer then.
+    // The buffer's buckets as the run cuts them (GradBuckets::layout), largest first.
+    std::vector<std::uint64_t> buckets;
+    for (const GradBuckets::Range& r :
+         GradBuckets::layout(full / sizeof(float), GradSync::bucket_bytes(c)))
+      buckets.push_back((r.end - r.begin) * sizeof(float));
+    std::sort(buckets.rbegin(), buckets.rend());
+    const auto largest = [&](std::size_t k) {
+      std::uint64_t sum = 0;
+      for (std::size_t i = 0; i < k && i < buckets.size(); ++i)
+        sum += buckets[i];
+      return sum;
+    };
     mem.gradients = options.zero_stage >= 2 && layout.grad_accum_steps == 1
-                        ? std::min(full, shard(true) + bucket)
+                        ? std::min(full, shard(true) + largest(1))
                         : full;
     mem.optimizer = 2 * shard(options.zero_stage >= 1);  // AdamW first and second moments
     // Routed experts' activations depend on the routing. The plan is dropless with the
@@ -191,11 +204,11 @@ Plan make_plan(const config::RunConfig& c, const config::Layout& layout,
     }
     mem.recompute = mm.recompute;
     mem.workspace = mm.workspace;
-    // Two gradient buckets in flight through the communicator (or the whole buffer, when
-    // it makes fewer buckets); ZeRO over MPI: one more on rank 0 (PlanOptions::rank).
-    mem.comm = D > 1 && options.bucket_copies ? std::min(2 * bucket, full) : 0;
+    // Two gradient buckets in flight through the communicator (the two largest; the whole
+    // buffer when it makes fewer); ZeRO over MPI: one more on rank 0 (PlanOptions::rank).
+    mem.comm = D > 1 && options.bucket_copies ? largest(2) : 0;
     if (D > 1 && options.bucket_copies && options.zero_stage >= 1 && options.rank == 0)
-      mem.comm += std::min(bucket, full);
+      mem.comm += largest(1);
     return mem;
   };
   ModelMemory mm = model.memory();
