@@ -1,5 +1,6 @@
 #pragma once
-// Command-line parsing of the dstrain executable: a subcommand and a few flags.
+// The dstrain command line: a subcommand and its options, defined through CLI11 (cli.cpp),
+// which also generates each subcommand's --help.
 
 #include <cstdint>
 #include <optional>
@@ -80,6 +81,13 @@ struct GenerateOptions {
   double timeout_s = 600.0;
 };
 // --- end checkpoint tools ---
+/// `dstrain tokenize`: text on stdin to token ids on stdout, or back.
+struct TokenizeOptions {
+  std::string tokenizer;  ///< a tokenizer.json, or empty with `byte`
+  bool byte = false;
+  bool decode = false;
+  bool add_special = false;
+};
 
 struct Command {
   enum class Kind {
@@ -90,7 +98,8 @@ struct Command {
     prep,
     inspect,
     export_,
-    generate
+    generate,
+    tokenize
   } kind = Kind::help;
   std::string help_topic;  ///< for Kind::help: "" (general) or a subcommand
   CommonOptions common;
@@ -99,13 +108,16 @@ struct Command {
   InspectOptions inspect;  ///< checkpoint tools
   ExportOptions export_;
   GenerateOptions generate;
+  TokenizeOptions tokenize;
 };
 
-/// Parses argv; throws dst::UsageError or dst::DeckError (malformed --set).
-Command parse_command_line(int argc, char** argv);
+/// Parses argv; throws dst::UsageError (exit code 2: an unknown command or option, with
+/// the nearest known one suggested; a missing or malformed value) or dst::DeckError (exit
+/// code 3: a malformed --set).
+Command parse_command_line(int argc, const char* const* argv);
 
-/// The --help text for a topic ("" = general, "check", "train", "prep", "inspect",
-/// "export", "generate").
+/// The --help text of a subcommand ("" = the general help), generated from the same
+/// definitions the parser uses. Throws dst::UsageError for an unknown one.
 std::string help_text(const std::string& topic);
 
 }  // namespace dst::app

@@ -7,9 +7,9 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "commands.hpp"
 #include "core/error.hpp"
 #include "core/exit_codes.hpp"
 #include "data/tokenizer/bpe_tokenizer.hpp"
@@ -18,61 +18,6 @@
 namespace dst::app {
 
 namespace {
-
-constexpr const char* kTokenizeUsage =
-    "usage: dstrain tokenize (--tokenizer PATH | --byte) [--decode] [--add-special]\n"
-    "\n"
-    "Reads UTF-8 text on stdin and writes its token ids to stdout, separated by single\n"
-    "spaces, ending with a newline. The whole input is one text (tokenization depends on\n"
-    "context, so it is not split into lines).\n"
-    "\n"
-    "  --tokenizer PATH  a Hugging Face tokenizer.json (byte-level BPE, e.g. DeepSeek-V3);\n"
-    "                    a tokenizer_config.json next to it says what --add-special adds\n"
-    "  --byte            the byte-level tokenizer of the small presets (vocab 260)\n"
-    "  --add-special     add the tokenizer's document markers (byte: <|bos|> ... <|eos|>)\n"
-    "  --decode          read whitespace-separated ids on stdin, write the text they stand\n"
-    "                    for (special tokens as their text)\n"
-    "  -h, --help        this help\n"
-    "\n"
-    "Invalid UTF-8 in the input: the byte tokenizer keeps the bytes as they are; BPE\n"
-    "encodes each ill-formed sequence as U+FFFD (see docs/tokenizers.md).\n";
-
-struct Options {
-  std::string tokenizer;  // path, or empty with `byte`
-  bool byte = false;
-  bool decode = false;
-  bool add_special = false;
-  bool help = false;
-};
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a == "-h" || a == "--help") {
-      o.help = true;
-    } else if (a == "--byte") {
-      o.byte = true;
-    } else if (a == "--decode") {
-      o.decode = true;
-    } else if (a == "--add-special") {
-      o.add_special = true;
-    } else if (a == "--tokenizer") {
-      if (i + 1 >= argc) throw UsageError("tokenize: --tokenizer needs a path");
-      o.tokenizer = argv[++i];
-    } else if (a.substr(0, 12) == "--tokenizer=") {
-      o.tokenizer = std::string(a.substr(12));
-    } else {
-      throw UsageError("tokenize: unknown option '" + std::string(a) + "'");
-    }
-  }
-  if (o.help) return o;
-  if (o.byte == !o.tokenizer.empty())
-    throw UsageError("tokenize: give exactly one of --tokenizer PATH and --byte");
-  if (o.decode && o.add_special)
-    throw UsageError("tokenize: --add-special applies to encoding, not to --decode");
-  return o;
-}
 
 std::string read_stdin() {
   std::string s;
@@ -120,13 +65,8 @@ void write_stdout(const std::string& s) {
 
 }  // namespace
 
-int run_tokenize(int argc, char** argv) {
+int run_tokenize(const TokenizeOptions& o) {
   try {
-    const Options o = parse(argc, argv);
-    if (o.help) {
-      std::fputs(kTokenizeUsage, stdout);
-      return kExitOk;
-    }
     const std::unique_ptr<data::Tokenizer> tok =
         o.byte ? data::make_byte_tokenizer()
                : std::unique_ptr<data::Tokenizer>(data::BpeTokenizer::from_file(o.tokenizer));
@@ -145,9 +85,6 @@ int run_tokenize(int argc, char** argv) {
     out += '\n';
     write_stdout(out);
     return kExitOk;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "dstrain: error: %s (see 'dstrain tokenize --help')\n", e.what());
-    return kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dstrain: error: %s\n", e.what());
     return kExitError;

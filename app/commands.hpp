@@ -38,7 +38,7 @@ CheckpointModel load_checkpoint_model(ckpt::Reader& reader);
 /// kExitCheckpoint (printed once by rank 0; every rank reads the same file alike).
 int with_checkpoint_errors(const std::function<int()>& body);
 // --- end checkpoint tools ---
-/// `dstrain tokenize ...`: argv[0] is "tokenize". Needs no MPI or Kokkos.
-int run_tokenize(int argc, char** argv);
+/// `dstrain tokenize`: a filter from stdin to stdout. Needs no MPI or Kokkos.
+int run_tokenize(const TokenizeOptions& options);
 
 }  // namespace dst::app

@@ -2,7 +2,6 @@
 // a library error on any rank is printed as `[rank R] error: ...` and ends the job.
 #include <cstdio>
 #include <exception>
-#include <string_view>
 
 #include "blas/host_blas.hpp"
 #include "cli.hpp"
@@ -54,9 +53,6 @@ int main(int argc, char** argv) {
   blas::select_host_kernels(argv);
   // Before MPI is up, the launcher's environment tells which rank we are, so usage errors
   // under `mpirun -np 8` are printed once (by rank 0), not eight times.
-  // `tokenize` is a plain filter (stdin to stdout): no MPI, no Kokkos.
-  if (argc >= 2 && std::string_view(argv[1]) == "tokenize")
-    return app::run_tokenize(argc - 1, argv + 1);
   const int env_rank = runtime::rank_from_environment();
   log::set_rank(env_rank);
   app::Command cmd;
@@ -70,6 +66,8 @@ int main(int argc, char** argv) {
   runtime::ignore_file_size_signal();
 
   switch (cmd.kind) {
+    case app::Command::Kind::tokenize:  // a plain filter (stdin to stdout): no MPI, no Kokkos
+      return app::run_tokenize(cmd.tokenize);
     case app::Command::Kind::help:
       if (env_rank <= 0) std::fputs(app::help_text(cmd.help_topic).c_str(), stdout);
       return kExitOk;

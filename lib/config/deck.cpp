@@ -15,6 +15,7 @@
 #include "config/schema.hpp"
 #include "config/yaml_tree.hpp"
 #include "core/error.hpp"
+#include "core/suggest.hpp"
 
 namespace dst::config {
 
@@ -660,25 +661,6 @@ const KnownKeys& known_keys() {
   return keys;
 }
 
-// Optimal string alignment distance (Levenshtein plus adjacent transpositions, the most
-// common typo: "max_stpes").
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
-  for (std::size_t i = 0; i <= a.size(); ++i)
-    d[i][0] = i;
-  for (std::size_t j = 0; j <= b.size(); ++j)
-    d[0][j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
 std::string leaf_of(std::string_view path) {
   const std::size_t dot = path.rfind('.');
   return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
@@ -699,7 +681,7 @@ std::optional<std::string> suggest(const std::string& path) {
   for (const std::set<std::string>* set : {&known.fields, &known.sections}) {
     for (const std::string& candidate : *set) {
       if (candidate == path) continue;
-      const std::size_t dist = edit_distance(path, candidate);
+      const std::size_t dist = core::edit_distance(path, candidate);
       if (dist < best_distance) {
         best_distance = dist;
         best = candidate;
