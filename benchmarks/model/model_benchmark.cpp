@@ -83,7 +83,7 @@ void BM_forward_backward_tiny(benchmark::State& s) {
 void BM_forward_backward_small(benchmark::State& s) {
   forward_backward(s, "small", s.range(0));
 }
-// DeepSeek-V2/V3 layers (issue 32): latent attention and DeepSeekMoE at tiny's width and
+// DeepSeek-V2/V3 layers: latent attention and DeepSeekMoE at tiny's width and
 // active FLOPs (model FLOPs count the active parameters, docs/performance.md).
 void BM_forward_backward_tiny_moe(benchmark::State& s) {
   forward_backward(s, "tiny-moe", s.range(0));

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Oracle: `dstrain export` against code none of us wrote (Hugging Face safetensors and
-transformers), the acceptance test of issue 6's export.
+transformers).
 
 For each case, ckpt_tool saves a checkpoint of initialised parameters through the
 checkpoint library (as training saves them) and `dstrain export` writes the directory.
@@ -48,7 +48,7 @@ CASES = {
                       "model.n_heads=3", "model.n_kv_heads=3", "model.ffn_dim=80",
                       "model.max_seq_len=20", "model.tie_embeddings=true"],
                      ["--tokenizer-name", "bpe-tiny", "--tokenizer-json", "@TOKENIZER@"], 3, 20),
-    # DeepSeek-V3 (issue 32): latent attention with a query latent, DeepSeekMoE (sigmoid
+    # DeepSeek-V3: latent attention with a query latent, DeepSeekMoE (sigmoid
     # router, 4 groups of 2 experts, top-3 of 2 groups, shared experts) after a dense block:
     # DeepseekV3ForCausalLM loads the per-expert tensors (fusing them) and the correction
     # bias. The KV-cache decoder runs it with its latent cache (absorbed products). YaRN

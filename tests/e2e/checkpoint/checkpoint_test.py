@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checkpoints end to end (issue 6), launched as users launch dstrain.
+"""Checkpoints end to end, launched as users launch dstrain.
 
 usage: checkpoint_test.py MODE DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stop signals, hangs and dying ranks, end to end (issue 7, items 2 and 3).
+"""Stop signals, hangs and dying ranks, end to end.
 
 usage: operations_test.py MODE DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_FLAG [PREFLAGS...]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expert parallelism (parallel.expert, issue 33) end to end on tiny-moe, the same global
+"""Expert parallelism (parallel.expert) end to end on tiny-moe, the same global
 batch (micro-batch 2, global batch 8, 10 steps) on 4 ranks:
 
 1. E = 2 and E = 4 against E = 1 (data parallel only): step losses within 1e-5 relative,

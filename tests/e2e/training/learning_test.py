@@ -28,7 +28,7 @@ import time
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import synthetic_language as lang  # noqa: E402 (after the line above)
 
-TOL = 0.05          # nats, the bound
+TOL = 0.05          # nats, the bound on the gap to the language's entropy
 SEQ_LEN = 32        # short samples: most of the signal per token, few blind targets
 EPS = 0.1           # noise: H = 0.565 nats
 TRAIN_SAMPLES = 8192

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """DeepSeekMoE learns at least as well as the dense model of (at least) its active FLOPs,
-with balanced experts (issue 32's learning test; standard library only).
+with balanced experts (standard library only).
 
 Trains `tiny-moe` (latent attention with a 64-wide KV latent, one dense block and three
 DeepSeekMoE blocks of 8 routed experts, top-2, plus one shared: a token's active expert
@@ -36,7 +36,7 @@ STEPS = 100
 WARMUP = 10         # the learning rate's warm-up (the demo deck's)
 SEQ_LEN = 64
 BATCH = 32          # sequences per step: 2048 tokens, 512 expert slots per expert
-BALANCE = 1.5       # the issue's bound on max/mean expert load after warm-up
+BALANCE = 1.5       # the bound on max/mean expert load after warm-up
 COLLAPSE = 2.0      # no single step above this
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The experts' capacity (model.moe.capacity_factor) and node-limited routing
-(model.moe.max_nodes_per_token, issue 33) end to end on tiny-moe (8 routed experts, top-2),
+(model.moe.max_nodes_per_token) end to end on tiny-moe (8 routed experts, top-2),
 micro-batch 2, global batch 8, 6 steps:
 
 1. Capacity. On 2 ranks: a factor of 100 (no expert can reach ceil(100 x 128 x 2 / 8)

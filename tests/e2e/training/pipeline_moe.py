@@ -176,7 +176,7 @@ def main():
 
     near("DP=2 x expert 2 x PP=2 vs DP=2 x expert 2", ep2pp2, ep2)
     # Four stages: stage 0 holds the dense block 0 only (no experts to split), the others
-    # one MoE block each, storing their own experts (issue 33: a stage without an MoE
+    # one MoE block each, storing their own experts (a stage without an MoE
     # block no longer makes every stage store every expert). The same bound.
     _, *ep2pp4 = run("dp2ep2pp4", 8, ep + ["parallel.pipeline=4"], eplay(2, 4))
     near("DP=2 x expert 2 x PP=4 (stage 0 without MoE) vs DP=2 x expert 2", ep2pp4, ep2)

@@ -1,7 +1,7 @@
 // The logged loss of a training step is the mean over every real target token of the
 // whole global batch (all micro-batches of all ranks), weighted by token count: with
 // samples padded unevenly, a mean of per-rank or per-micro-batch means would differ
-// (issue 4, "honest global loss"). Run at 1, 2 and 4 ranks on the same global batch.
+// ("honest global loss"). Run at 1, 2 and 4 ranks on the same global batch.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
