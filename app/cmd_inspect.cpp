@@ -14,24 +14,6 @@
 
 namespace dst::app {
 
-namespace {
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
-}
-
-std::uint64_t numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t n = 1;
-  for (const auto d : shape)
-    n *= static_cast<std::uint64_t>(d);
-  return n;
-}
-
-}  // namespace
-
 int run_inspect(runtime::Runtime& rt, const Command& cmd) {
   const InspectOptions& o = cmd.inspect;
   return with_checkpoint_errors([&] {
@@ -91,7 +73,7 @@ int run_inspect(runtime::Runtime& rt, const Command& cmd) {
     std::uint64_t bytes = 0;
     std::size_t width = 4;
     for (const auto& t : ts) {
-      bytes += numel(t.shape) * 4;
+      bytes += ckpt::element_count(t.shape) * 4;
       width = std::max(width, t.name.size());
     }
     std::printf("tensors: %zu, %s\n", ts.size(),
@@ -102,7 +84,7 @@ int run_inspect(runtime::Runtime& rt, const Command& cmd) {
     for (const auto& t : ts) {
       const char* status = !o.verify ? "-" : bad_set.count(t.name) ? "MISMATCH" : "OK";
       std::printf("  %-*s  %-14s %-5s %016" PRIx64 " %s\n", static_cast<int>(width), t.name.c_str(),
-                  shape_text(t.shape).c_str(), t.dtype.c_str(), t.checksum, status);
+                  ckpt::shape_text(t.shape).c_str(), t.dtype.c_str(), t.checksum, status);
     }
     if (o.verify)
       std::printf("checksums: %s\n", bad.empty()

@@ -74,6 +74,12 @@ struct TensorRef {
   const float* data = nullptr;
 };
 
+/// Elements of a tensor of `shape` (1 for a scalar).
+std::uint64_t element_count(const std::vector<std::int64_t>& shape);
+/// A shape as `dstrain inspect` and the checkpoint's messages write it: "(260, 64)",
+/// "(64,)", "()".
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
 /// A tensor stored in a checkpoint.
 struct TensorInfo {
   std::string name;

@@ -26,16 +26,18 @@ using detail::numel;
 using detail::seconds_since;
 using Kind = CheckpointError::Kind;
 
-namespace {
+std::uint64_t element_count(const std::vector<std::int64_t>& shape) {
+  return numel(shape);
+}
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
+  std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i)
-    os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
+
+namespace {
 
 /// The element count of `dims`, or nullopt when the product overflows 64 bits.
 std::optional<std::uint64_t> checked_numel(const std::vector<hsize_t>& dims) {

@@ -9,22 +9,8 @@ namespace dst::train {
 
 namespace {
 
-std::size_t element_count(const std::vector<std::int64_t>& shape) {
-  std::size_t n = 1;
-  for (const std::int64_t d : shape)
-    n *= static_cast<std::size_t>(d);
-  return n;
-}
-
 std::vector<std::int64_t> dims_of(const tensor::Shape& s) {
   return std::vector<std::int64_t>(s.dims.begin(), s.dims.begin() + s.rank);
-}
-
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string t = "(";
-  for (std::size_t i = 0; i < s.size(); ++i)
-    t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + ")";
 }
 
 const char* const kPrefixes[3] = {"params/", "optimizer/exp_avg/", "optimizer/exp_avg_sq/"};
@@ -107,7 +93,7 @@ CheckpointStream CheckpointState::stream(const bool params_only) const {
   auto slices = std::make_shared<std::vector<float>>();
   const std::vector<ckpt::TensorRef> names = out.tensors;
   out.source = [this, own, index, owner, names, whole, slices](std::size_t i) -> const float* {
-    const std::size_t n = element_count(names[i].shape);
+    const auto n = static_cast<std::size_t>(ckpt::element_count(names[i].shape));
     whole->resize(n);
     const int s = owner[i];
     // Own experts: a routed expert's tensor comes from the rank that holds it.
@@ -154,10 +140,10 @@ void CheckpointState::read(ckpt::Reader& reader) const {
     const ckpt::TensorInfo* have = reader.find(w.name);
     if (!have)
       problems.push_back(w.name + ": missing from the checkpoint (model wants " +
-                         shape_text(w.shape) + ")");
+                         ckpt::shape_text(w.shape) + ")");
     else if (have->shape != w.shape)
-      problems.push_back(w.name + ": checkpoint " + shape_text(have->shape) + ", model " +
-                         shape_text(w.shape));
+      problems.push_back(w.name + ": checkpoint " + ckpt::shape_text(have->shape) + ", model " +
+                         ckpt::shape_text(w.shape));
   }
   const auto wanted_index = index_by_name(wanted);
   for (const auto& have : reader.tensors())
@@ -180,7 +166,7 @@ void CheckpointState::read(ckpt::Reader& reader) const {
   std::vector<float> buffer;
   std::size_t kept = 0;
   for (std::size_t i = 0; i < wanted.size(); ++i) {
-    buffer.resize(element_count(wanted[i].shape));
+    buffer.resize(static_cast<std::size_t>(ckpt::element_count(wanted[i].shape)));
     reader.read(wanted[i].name, wanted[i].shape, buffer.data());
     const auto found = index.find(wanted[i].name);
     // Another stage's tensor, but for the embedding table of which the last stage holds a

@@ -415,7 +415,7 @@ TEST(Checkpoint, WrongShapeOrNameIsMismatch) {
       [&] {
         r.read("params/model.embed_tokens.weight", {64, 300}, back.data());
       },
-      Kind::mismatch, {"params/model.embed_tokens.weight", "[300, 64]", "[64, 300]"});
+      Kind::mismatch, {"params/model.embed_tokens.weight", "(300, 64)", "(64, 300)"});
   expect_error([&] { r.read("params/model.nope", {4}, back.data()); }, Kind::mismatch,
                {"params/model.nope"});
 }
