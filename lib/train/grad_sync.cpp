@@ -470,51 +470,40 @@ void GradSync::gather_shards(float* whole, const float* mine, const float* mine_
 }
 
 GradSync::State GradSync::saved(const bool params_only) {
-  if (params_only) {
-    State s{store_->params_data(), nullptr, nullptr};
-    const std::size_t n = store_->buffer_elements();
-    if (sharded() && master_shard_) {
-      // The parameters' fp32 values are the master's shards (the model's buffer holds the
-      // rounded copy).
-      const AdamWState st = optimizer_->state();
-      const AdamWState ex = expert_optimizer_ ? expert_optimizer_->state() : AdamWState{};
-      host_params_.resize(n);
-      gather_shards(host_params_.data(), st.master, ex.master);
-      s.params = host_params_.data();
-    } else if (!sharded() && tensor::device_of(ctx_) != tensor::Device::host) {
-      host_params_.resize(n);
-      tensor::copy(ctx_, host_params_.data(), s.params, n * sizeof(float));
-      s.params = host_params_.data();
-    }
-    return s;
-  }
-  gather_parts();
-  State s{store_->params_data(), optimizer_->state().m, optimizer_->state().v};
+  if (!params_only) gather_parts();
   const std::size_t n = store_->buffer_elements();
+  State s{store_->params_data(), nullptr, nullptr};
+  if (!params_only) {
+    s.m = optimizer_->state().m;
+    s.v = optimizer_->state().v;
+  }
   if (sharded()) {
     // ZeRO (host memory): the moments of every shard gathered whole, and with a master
     // shard the parameters too (the model's buffer holds the rounded copy).
     const AdamWState st = optimizer_->state();
     const AdamWState ex = expert_optimizer_ ? expert_optimizer_->state() : AdamWState{};
-    host_m_.resize(n);
-    gather_shards(host_m_.data(), st.m, ex.m);
-    host_v_.resize(n);
-    gather_shards(host_v_.data(), st.v, ex.v);
-    s.m = host_m_.data();
-    s.v = host_v_.data();
-    if (master_shard_) {
-      host_params_.resize(n);
-      gather_shards(host_params_.data(), st.master, ex.master);
-      s.params = host_params_.data();
+    const auto gather = [&](std::vector<float>& whole, const float* mine, const float* experts) {
+      whole.resize(n);
+      gather_shards(whole.data(), mine, experts);
+      return whole.data();
+    };
+    if (!params_only) {
+      s.m = gather(host_m_, st.m, ex.m);
+      s.v = gather(host_v_, st.v, ex.v);
     }
+    if (master_shard_) s.params = gather(host_params_, st.master, ex.master);
   } else if (tensor::device_of(ctx_) != tensor::Device::host) {
-    const std::size_t bytes = n * sizeof(float);
-    for (auto* h : {&host_params_, &host_m_, &host_v_})
-      h->resize(n);
-    tensor::copy(ctx_, host_params_.data(), s.params, bytes);
-    tensor::copy(ctx_, host_m_.data(), s.m, bytes);
-    tensor::copy(ctx_, host_v_.data(), s.v, bytes);
-    s = State{host_params_.data(), host_m_.data(), host_v_.data()};
+    // A device's state copied down.
+    const auto down = [&](std::vector<float>& host, const float* from) {
+      host.resize(n);
+      tensor::copy(ctx_, host.data(), from, n * sizeof(float));
+      return host.data();
+    };
+    s.params = down(host_params_, s.params);
+    if (!params_only) {
+      s.m = down(host_m_, s.m);
+      s.v = down(host_v_, s.v);
+    }
   }
   return s;
 }
