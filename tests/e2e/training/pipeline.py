@@ -46,7 +46,7 @@ import time
 import h5py
 import numpy as np
 
-from training_e2e import Comparisons, setup
+from training_e2e import Comparisons, deck_width, setup
 
 TOL = 1e-5
 STEPS, EVERY = 6, 3  # the checkpoint of step EVERY is resumed
@@ -171,7 +171,7 @@ def main():
     # A hung stage: rank 1 (stage 1) stops after the first checkpoint; stage 0 waits for
     # its activation gradients and ends the job at the deadline, naming what and whom.
     hang = ["debug.inject_hang_rank=1", f"parallel.timeout_s={TIMEOUT_S}"]
-    rows = MICRO * SEQ * 256  # a micro-batch's residual stream (d_model 256)
+    rows = MICRO * SEQ * deck_width(deck)  # a micro-batch's residual stream
     recv = (f"recv (tag {{}}) of {rows} x f32 ({rows * 4} B) from rank 1 on group 'pipeline' "
             f"(2 ranks) did not complete within {TIMEOUT_S} s")
     check.hung("hang", launch("hang", 2, ["parallel.pipeline=2"] + hang),

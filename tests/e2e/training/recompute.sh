@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# training.recompute end to end (docs/performance.md), 2 ranks, the tiny deck on a slice of
-# the demo corpus, launched as users do:
+# training.recompute end to end (docs/performance.md), 2 ranks, tiny at half width
+# (tests/e2e/decks/narrow.yaml) on a slice of the demo corpus, launched as users do:
 #   recompute.sh DSTRAIN SOURCE_DIR WORK_DIR [KEY=VALUE...] -- LAUNCHER...
 # 6 steps at recompute none, selective and full (fp32 and bf16): every step's loss, learning
 # rate and gradient norm (and a DeepSeekMoE model's balance loss and per-block loads and
@@ -37,7 +37,7 @@ for precision in fp32 bf16; do
   for mode in none selective full; do
     name=$precision-$mode
     rm -rf "${work:?}/$name"
-    "${launch[@]}" "$dstrain" train "$src/inputs/tiny.yaml" "${common[@]}" ${overrides[@]+"${overrides[@]}"} \
+    "${launch[@]}" "$dstrain" train "$src/tests/e2e/decks/narrow.yaml" "${common[@]}" ${overrides[@]+"${overrides[@]}"} \
       --set "run.output_dir=$work/$name" --set training.precision=$precision \
       --set training.recompute=$mode >"$work/$name.log" 2>&1 ||
       { echo "run $name failed:"; tail -20 "$work/$name.log"; exit 1; }

@@ -46,7 +46,7 @@ import sys
 
 import h5py
 
-from training_e2e import Comparisons, setup
+from training_e2e import Comparisons, deck_width, setup
 
 TOL = 1e-5         # losses (relative), the whole parameter vector (relative L2)
 TENSOR_TOL = 5e-5  # each tensor (relative L2): see above
@@ -76,10 +76,11 @@ def main():
     _, *tp2 = run("tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1))
     within("TP=2 vs 1 rank", tp2, tp1)
     # The group's traffic shows in the metrics: per micro-batch 4 all-reduces of the
-    # residual stream (MICRO x SEQ x 256 fp32) per block and 2 at the ends, and the
+    # residual stream (MICRO x SEQ x d_model fp32) per block and 2 at the ends, and the
     # cross-entropy's three of one value per token (a float and two doubles).
+    width = deck_width(st.deck)
     rec = [x for x in tp2[2] if x.get("type") == "step"][-1]
-    want = (GLOBAL // MICRO) * ((4 * 4 + 2) * MICRO * SEQ * 256 * 4 + MICRO * SEQ * 20)
+    want = (GLOBAL // MICRO) * ((4 * 4 + 2) * MICRO * SEQ * width * 4 + MICRO * SEQ * 20)
     if rec.get("tensor_allreduce_bytes") != want:
         problems.append(f"TP=2: metrics.jsonl says tensor_allreduce_bytes "
                         f"{rec.get('tensor_allreduce_bytes')}, expected {want}")
@@ -136,8 +137,9 @@ def main():
     ck = os.path.join(kv_out, f"checkpoints/step-{EVERY}.h5")
     with h5py.File(ck, "r") as f:
         shape = f["params"]["model.layers.0.self_attn.k_proj.weight"].shape
-    if shape != (2 * 64, 256):
-        problems.append(f"checkpoint: n_kv_heads 2, TP=4 wrote k_proj as {shape}, not (128, 256)")
+    if shape != (2 * width // 4, width):  # 2 heads of d_model / 4 rows
+        problems.append(f"checkpoint: n_kv_heads 2, TP=4 wrote k_proj as {shape}, not "
+                        f"{(2 * width // 4, width)}")
     _, *kr1 = run("kv2-resume-tp1", 1, kv2 + [f"checkpoint.resume={ck}"], lay.format(1, 1, 1))
     within("n_kv_heads 2, TP=4 checkpoint resumed on 1 rank vs TP=4", kr1, kv2tp4,
            first_step=EVERY + 1)

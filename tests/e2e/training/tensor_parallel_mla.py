@@ -43,7 +43,7 @@ usage: tensor_parallel_mla.py DSTRAIN DECK GENERATOR WORKDIR -- MPIEXEC NUMPROC_
 import os
 import sys
 
-from training_e2e import Comparisons, setup
+from training_e2e import TINY_WIDTHS, Comparisons, deck_width, setup
 
 TOL = 1e-5
 STEPS, EVERY = 6, 3  # the checkpoint of step EVERY is resumed
@@ -92,7 +92,9 @@ def main():
                  first_step=EVERY + 1)
 
     # DeepSeekMoE blocks: each rank of a tensor group computes them whole.
-    moe = ["model.preset=tiny-moe", "model.moe.bias_update_rate=0.01",
+    # At tiny's own widths: at the deck's half width the experts' last bits move further
+    # between layouts (an expert's weights 6.9e-4 from one rank's against the 5e-5 bound).
+    moe = ["model.preset=tiny-moe", *TINY_WIDTHS, "model.moe.bias_update_rate=0.01",
            "model.moe.seq_aux_loss_alpha=0.01", "debug.consistency_every=1"]
     _, *m1 = run("moe-tp1", 1, [], lay.format(1, 1, 1), moe)
     _, *m2 = run("moe-tp2", 2, ["parallel.tensor=2"], lay.format(1, 2, 1), moe)
@@ -122,7 +124,7 @@ def main():
                      lay.format(2, 2, 2), moe)
     check.within("tiny-moe DP=2 x expert 2 x TP=2 x PP=2 vs DP=2 x expert 2", e2t2p2, e2)
     # The tensor group's traffic, in all-reduces of the residual stream (MICRO x SEQ x 256
-    # fp32): 4 per dense block (its attention's and MLP's, forward and backward), 2 per MoE
+    # fp32, tiny's width): 4 per dense block (its attention's and MLP's, forward and backward), 2 per MoE
     # block (its attention's), 2 at the ends; the latents' gradients (MICRO x SEQ x (64 + 32))
     # per block; the vocabulary-parallel cross-entropy's 20 bytes a token.
     whole = MICRO * SEQ * 256 * 4
@@ -143,7 +145,8 @@ def main():
     mtp_within("tiny with MTP TP=2 vs 1 rank", d2, d1)
     # Traffic: tiny's 4 dense blocks (4 each), the ends (2), the MTP module's block (4), its
     # embedding (1) and its head's input gradient (1); two cross-entropies of 20 bytes a token.
-    whole = MICRO * SEQ * 256 * 4
+    width = deck_width(st.deck)
+    whole = MICRO * SEQ * width * 4
     want = (GLOBAL // MICRO) * ((4 * 4 + 2 + 6) * whole + 2 * MICRO * SEQ * 20)
     traffic("tiny with MTP TP=2", d2, want)
     # With sequence parallelism the module keeps this rank's rows as the blocks do: its
@@ -168,9 +171,9 @@ def main():
     mtp_within("tiny with MTP TP=2 + SP vs 1 rank", ds2, d1)
     # Traffic (a reduce-scatter or an all-gather is half an all-reduce): 5 per block (the
     # MTP module's too), 2 at the main ends, 3.5 at the module's (embedding 1, head 1,
-    # eh_proj's gathers 1.5); an all-reduce of 256 fp32 per norm: 2 per block, the final
+    # eh_proj's gathers 1.5); an all-reduce of d_model fp32 per norm: 2 per block, the final
     # one, and the module's enorm, hnorm, block's two and head's.
-    want = (GLOBAL // MICRO) * ((5 * 5 + 2 + 3.5) * whole + (2 * 4 + 1 + 5) * 256 * 4 +
+    want = (GLOBAL // MICRO) * ((5 * 5 + 2 + 3.5) * whole + (2 * 4 + 1 + 5) * width * 4 +
                                 2 * MICRO * SEQ * 20)
     traffic("tiny with MTP TP=2 + SP", ds2, want)
     _, *ds2f = run("mtp-tp2-sp-full", 2, sp + ["training.recompute=full"], lay.format(1, 2, 1),

@@ -3,6 +3,7 @@ zero_stages.py, pipeline.py, expert_parallel.py): their command line, a fresh wo
 with the synthetic corpus, and the comparisons of parameters."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,17 @@ DEADLINE_S = 90
 KILL_AFTER_S = 240
 # The per-rank peak every run states (logging.peak_gflops), whose metrics header must say it.
 PEAK_GFLOPS = 100.0
+# The tiny preset's own widths, which the scripts' deck (tests/e2e/decks/narrow.yaml)
+# halves: the runs whose bounds were set at them state these.
+TINY_WIDTHS = ["model.d_model=256", "model.ffn_dim=688"]
+
+
+def deck_width(deck):
+    """The d_model the deck file gives (its model section's `d_model:`), else the tiny
+    preset's 256."""
+    with open(deck) as f:
+        m = re.search(r"^\s+d_model:\s*(\d+)", f.read(), re.MULTILINE)
+    return int(m.group(1)) if m else 256
 
 
 @dataclass
