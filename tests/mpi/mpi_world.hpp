@@ -1,6 +1,7 @@
 #pragma once
 /// \file mpi_world.hpp
-/// This process's rank in MPI_COMM_WORLD and the world's size, for the MPI tests; a layout
+/// This process's rank in MPI_COMM_WORLD and the world's size, for the MPI tests; their
+/// collectives' deadline; a layout
 /// of the world; and rank 0's copy of a text, to check that every rank says the same.
 #include <mpi.h>
 
@@ -10,6 +11,9 @@
 #include "config/run_config.hpp"
 
 namespace dst::test {
+
+/// The deadline of the MPI tests' collectives: generous, as 4 ranks share 2 cores in CI.
+inline constexpr double kTestTimeoutS = 30.0;
 
 inline int world_rank() {
   int r = 0;

@@ -19,6 +19,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
 #include "core/step_context.hpp"
+#include "mpi_world.hpp"
 
 namespace {
 
@@ -27,7 +28,7 @@ using dst::comm::Communicator;
 using dst::comm::ReduceOp;
 using dst::comm::Request;
 
-constexpr double kTestTimeoutS = 30.0;  // generous: 4 ranks share 2 cores in CI
+using dst::test::kTestTimeoutS;
 
 std::unique_ptr<Communicator> world_comm(double timeout_s = kTestTimeoutS) {
   return dst::comm::make_mpi_communicator(MPI_COMM_WORLD, "world", timeout_s);

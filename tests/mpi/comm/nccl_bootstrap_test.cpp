@@ -29,7 +29,7 @@ using dst::DType;
 using dst::comm::NcclUniqueIdBytes;
 using dst::comm::ProbeResult;
 
-constexpr double kTestTimeoutS = 30.0;  // generous: 4 ranks share 2 cores in CI
+using dst::test::kTestTimeoutS;
 // How late a deadline may fire: the polls sleep at most 1 ms, but 4 ranks share 2 cores
 // and a descheduled rank can lose a few hundred milliseconds.
 constexpr double kLateMarginS = 0.7;

@@ -13,6 +13,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
 #include "core/step_context.hpp"
+#include "mpi_world.hpp"
 
 namespace {
 
@@ -20,9 +21,9 @@ using dst::DType;
 using dst::comm::Communicator;
 using dst::comm::Request;
 
-constexpr double kTestTimeoutS = 30.0;  // generous: 4 ranks share 2 cores in CI
+using dst::test::kTestTimeoutS;
 
-std::unique_ptr<Communicator> world_comm() {
+std::unique_ptr<Communicator> pipeline_comm() {
   return dst::comm::make_mpi_communicator(MPI_COMM_WORLD, "pipeline", kTestTimeoutS);
 }
 
@@ -34,7 +35,7 @@ float value(int from, int tag, std::size_t i) {
 // protocol) to r + 1 and receives r - 1's, as neighbouring stages do; receives are posted
 // in the opposite tag order to show tags, not arrival, match them.
 TEST(PointToPoint, RingOfNeighboursByTag) {
-  auto comm = world_comm();
+  auto comm = pipeline_comm();
   const int n = comm->size();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   const int rank = comm->rank();
@@ -61,7 +62,7 @@ TEST(PointToPoint, RingOfNeighboursByTag) {
 }
 
 TEST(PointToPoint, RefusesABadPeer) {
-  auto comm = world_comm();
+  auto comm = pipeline_comm();
   float x = 0.0f;
   EXPECT_THROW(comm->isend(&x, 1, DType::f32, comm->rank(), 0), dst::Error);
   EXPECT_THROW(comm->irecv(&x, 1, DType::f32, comm->size(), 0), dst::Error);
@@ -78,7 +79,7 @@ TEST(PointToPoint, RefusesABadPeer) {
 // Rank 1 sends only after 1.5 s; rank 0's receive has a 0.5 s deadline: it throws a
 // TimeoutError naming the receive, its size, the peer and the group, then completes.
 TEST(PointToPoint, LateSenderMakesTheReceiverThrowNamingThePeer) {
-  auto comm = world_comm();
+  auto comm = pipeline_comm();
   if (comm->size() < 2) GTEST_SKIP() << "needs a second rank to be late";
   dst::core::set_current_step(dst::core::kStartupStep);
   const std::size_t count = 4096;

@@ -22,7 +22,7 @@ using dst::DType;
 using dst::comm::Communicator;
 using dst::config::Layout;
 
-constexpr double kTestTimeoutS = 30.0;
+using dst::test::kTestTimeoutS;
 
 Layout make_layout(int data, int tensor, int pipeline) {
   Layout l;

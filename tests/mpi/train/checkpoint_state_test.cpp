@@ -28,19 +28,23 @@ using dst::test::world_size;
 
 struct Case {
   const char* name;
-  const char* deck;  ///< model and parallel sections
+  std::string deck;  ///< model and parallel sections
   int world;         ///< the world size it needs (it runs on multiples of it)
 };
 
+// tiny and tiny-moe at a quarter of their width (0.23 M and 0.68 M parameters).
+const std::string kTiny = "model: {preset: tiny, d_model: 64, ffn_dim: 172}\n";
+const std::string kTinyMoe =
+    "model: {preset: tiny-moe, d_model: 64, ffn_dim: 172, moe_intermediate_size: 56}\n";
+
 const Case kCases[] = {
-    {"whole", "model: {preset: tiny}\nparallel: {}\n", 1},
-    {"zero1", "model: {preset: tiny}\nparallel: {zero_stage: 1}\n", 2},
-    {"tp2", "model: {preset: tiny}\nparallel: {tensor: 2}\n", 2},
-    {"pp2", "model: {preset: tiny}\nparallel: {pipeline: 2}\n", 2},
-    {"ep2", "model: {preset: tiny-moe}\nparallel: {expert: 2}\n", 2},
-    {"pp2_ep2_zero1",
-     "model: {preset: tiny-moe}\nparallel: {pipeline: 2, expert: 2, zero_stage: 1}\n", 4},
-    {"tp2_pp2", "model: {preset: tiny}\nparallel: {tensor: 2, pipeline: 2}\n", 4},
+    {"whole", kTiny + "parallel: {}\n", 1},
+    {"zero1", kTiny + "parallel: {zero_stage: 1}\n", 2},
+    {"tp2", kTiny + "parallel: {tensor: 2}\n", 2},
+    {"pp2", kTiny + "parallel: {pipeline: 2}\n", 2},
+    {"ep2", kTinyMoe + "parallel: {expert: 2}\n", 2},
+    {"pp2_ep2_zero1", kTinyMoe + "parallel: {pipeline: 2, expert: 2, zero_stage: 1}\n", 4},
+    {"tp2_pp2", kTiny + "parallel: {tensor: 2, pipeline: 2}\n", 4},
 };
 
 /// One rank's part of the model: its store, the strategy that holds its optimizer state,

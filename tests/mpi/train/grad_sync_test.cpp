@@ -126,35 +126,32 @@ struct Synced {
 };
 
 const std::string kBatch = "micro_batch_size: 1, global_batch_size: {GB}";
+// tiny and tiny-moe at a quarter of their width (0.23 M and 0.68 M parameters): with 20 KB
+// buckets still tens of buckets, shards that cut tensors, every kind of tensor.
+const std::string kTiny = "model: {preset: tiny, d_model: 64, ffn_dim: 172}\n";
+const std::string kTinyMoe =
+    "model: {preset: tiny-moe, d_model: 64, ffn_dim: 172, moe_intermediate_size: 56}\n";
 
 const Case kCases[] = {
     {"replicated_mpi",
-     "model: {preset: tiny}\ntraining: {" + kBatch +
-         "}\nparallel: {zero_stage: 0, bucket_mb: 0.02}\n",
+     kTiny + "training: {" + kBatch + "}\nparallel: {zero_stage: 0, bucket_mb: 0.02}\n",
      runtime::CommBackend::mpi},
-    {"shared",
-     "model: {preset: tiny}\ntraining: {" + kBatch +
-         "}\nparallel: {zero_stage: 0, bucket_mb: 0.02}\n",
+    {"shared", kTiny + "training: {" + kBatch + "}\nparallel: {zero_stage: 0, bucket_mb: 0.02}\n",
      runtime::CommBackend::shm},
     {"shared_zero1",
-     "model: {preset: tiny}\ntraining: {" + kBatch +
-         "}\nparallel: {zero_stage: 1, bucket_mb: 0.02}\n",
+     kTiny + "training: {" + kBatch + "}\nparallel: {zero_stage: 1, bucket_mb: 0.02}\n",
      runtime::CommBackend::shm},
-    {"zero1",
-     "model: {preset: tiny}\ntraining: {" + kBatch +
-         "}\nparallel: {zero_stage: 1, bucket_mb: 0.02}\n",
+    {"zero1", kTiny + "training: {" + kBatch + "}\nparallel: {zero_stage: 1, bucket_mb: 0.02}\n",
      runtime::CommBackend::mpi},
-    {"zero2",
-     "model: {preset: tiny}\ntraining: {" + kBatch +
-         "}\nparallel: {zero_stage: 2, bucket_mb: 0.02}\n",
+    {"zero2", kTiny + "training: {" + kBatch + "}\nparallel: {zero_stage: 2, bucket_mb: 0.02}\n",
      runtime::CommBackend::mpi},
     {"zero1_bf16_master_shard",
-     "model: {preset: tiny}\ntraining: {precision: bf16, " + kBatch +
+     kTiny + "training: {precision: bf16, " + kBatch +
          "}\n"
          "parallel: {zero_stage: 1, bucket_mb: 0.02}\n",
      runtime::CommBackend::mpi},
     {"shared_zero2_bf16_master_shard",
-     "model: {preset: tiny}\ntraining: {precision: bf16, " + kBatch +
+     kTiny + "training: {precision: bf16, " + kBatch +
          "}\n"
          "parallel: {zero_stage: 2, bucket_mb: 0.02}\n",
      runtime::CommBackend::shm},
@@ -276,9 +273,8 @@ TEST(GradSync, OwnExpertsAreASecondRegion) {
   for (const char* zero : {"0", "1"}) {
     SCOPED_TRACE(std::string("zero_stage ") + zero);
     Synced run({"own_experts",
-                std::string("model: {preset: tiny-moe}\ntraining: {") + kBatch +
-                    "}\nparallel: {expert: " + std::to_string(world_size()) +
-                    ", zero_stage: " + zero + ", bucket_mb: 0.02}\n",
+                kTinyMoe + "training: {" + kBatch + "}\nparallel: {expert: " +
+                    std::to_string(world_size()) + ", zero_stage: " + zero + ", bucket_mb: 0.02}\n",
                 runtime::CommBackend::mpi});
     ASSERT_TRUE(run.own_experts);
     const OwnExperts& own = run.sync->own_experts();

@@ -223,6 +223,15 @@ class ExpertSlots : public ::testing::TestWithParam<std::int64_t> {};
 TEST_P(ExpertSlots, HoldTheirOwnExpertsLast) {
   using dst::model::ParamStore;
   auto m = dst::config::preset_model("tiny-moe");
+  // tiny-moe's layout at small widths: the test draws the whole model 7 times, about 20 s
+  // at tiny-moe's own widths under AddressSanitizer.
+  m.d_model = 32;
+  m.ffn_dim = 32;
+  m.moe_intermediate_size = 16;
+  m.kv_lora_rank = 16;
+  m.qk_nope_head_dim = 8;
+  m.qk_rope_head_dim = 8;
+  m.v_head_dim = 8;
   m.mtp_depth = GetParam();
   const std::int64_t blocks = m.n_layers + m.mtp_depth;
   ASSERT_TRUE(m.mtp_depth == 0 || m.moe_layer(m.n_layers));
