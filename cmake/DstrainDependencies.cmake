@@ -46,7 +46,7 @@ if(NOT DSTRAIN_CBLAS_INCLUDE_DIR)
   message(FATAL_ERROR "dstrain: cblas.h (OpenBLAS) not found. ${_dst_hint}")
 endif()
 add_library(dstrain_blas INTERFACE)
-target_include_directories(dstrain_blas INTERFACE ${DSTRAIN_CBLAS_INCLUDE_DIR})
+target_include_directories(dstrain_blas SYSTEM INTERFACE ${DSTRAIN_CBLAS_INCLUDE_DIR})
 target_link_libraries(dstrain_blas INTERFACE BLAS::BLAS)
 
 # --- CUDA back end (optional) -------------------------------------------------

@@ -99,7 +99,6 @@ TrainingRun::TrainingRun(runtime::Runtime& rt, const config::RunConfig& config,
     : rt_(rt),
       cfg_(config),
       layout_(layout),
-      groups_(groups),
       root_(rt.rank() == 0),
       on_gpu_(backends.kernels == ComputeBackend::cuda) {
   const Faults faults(config.debug, rt.rank(), rt.size());

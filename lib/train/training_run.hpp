@@ -54,7 +54,6 @@ class TrainingRun {
   runtime::Runtime& rt_;
   const config::RunConfig& cfg_;
   config::Layout layout_;
-  comm::ProcessGroups& groups_;
   bool root_;
   bool on_gpu_;
   std::string host_products_;  ///< how the host's products run (log)
