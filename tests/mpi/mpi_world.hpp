@@ -1,8 +1,8 @@
 #pragma once
 /// \file mpi_world.hpp
 /// This process's rank in MPI_COMM_WORLD and the world's size, for the MPI tests; their
-/// collectives' deadline; a layout
-/// of the world; and rank 0's copy of a text, to check that every rank says the same.
+/// collectives' deadline and small models; a layout of the world; and rank 0's copy of a
+/// text, to check that every rank says the same.
 #include <mpi.h>
 
 #include <string>
@@ -14,6 +14,12 @@ namespace dst::test {
 
 /// The deadline of the MPI tests' collectives: generous, as 4 ranks share 2 cores in CI.
 inline constexpr double kTestTimeoutS = 30.0;
+
+/// Deck model sections: tiny and tiny-moe at a quarter of their width (0.23 M and 0.68 M
+/// parameters), every kind of tensor at a fraction of the cost.
+inline constexpr const char* kQuarterTiny = "model: {preset: tiny, d_model: 64, ffn_dim: 172}\n";
+inline constexpr const char* kQuarterTinyMoe =
+    "model: {preset: tiny-moe, d_model: 64, ffn_dim: 172, moe_intermediate_size: 56}\n";
 
 inline int world_rank() {
   int r = 0;

@@ -32,10 +32,8 @@ struct Case {
   int world;         ///< the world size it needs (it runs on multiples of it)
 };
 
-// tiny and tiny-moe at a quarter of their width (0.23 M and 0.68 M parameters).
-const std::string kTiny = "model: {preset: tiny, d_model: 64, ffn_dim: 172}\n";
-const std::string kTinyMoe =
-    "model: {preset: tiny-moe, d_model: 64, ffn_dim: 172, moe_intermediate_size: 56}\n";
+const std::string kTiny = dst::test::kQuarterTiny;  // mpi_world.hpp
+const std::string kTinyMoe = dst::test::kQuarterTinyMoe;
 
 const Case kCases[] = {
     {"whole", kTiny + "parallel: {}\n", 1},

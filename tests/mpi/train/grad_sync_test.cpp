@@ -126,11 +126,10 @@ struct Synced {
 };
 
 const std::string kBatch = "micro_batch_size: 1, global_batch_size: {GB}";
-// tiny and tiny-moe at a quarter of their width (0.23 M and 0.68 M parameters): with 20 KB
-// buckets still tens of buckets, shards that cut tensors, every kind of tensor.
-const std::string kTiny = "model: {preset: tiny, d_model: 64, ffn_dim: 172}\n";
-const std::string kTinyMoe =
-    "model: {preset: tiny-moe, d_model: 64, ffn_dim: 172, moe_intermediate_size: 56}\n";
+// tiny and tiny-moe at a quarter width (mpi_world.hpp): with 20 KB buckets still tens of
+// buckets, shards that cut tensors, every kind of tensor.
+const std::string kTiny = dst::test::kQuarterTiny;
+const std::string kTinyMoe = dst::test::kQuarterTinyMoe;
 
 const Case kCases[] = {
     {"replicated_mpi",
